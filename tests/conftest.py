@@ -1,0 +1,39 @@
+import os
+
+import pytest
+import torch
+
+from hf_transformer import TransformerConfig
+
+
+@pytest.fixture(autouse=True)
+def _offline_and_seeded(monkeypatch, tmp_path):
+    """Tests never reach the network, write caches into their own folder and start from the same seed."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets-cache"))
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules-cache"))
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def tiny_config() -> TransformerConfig:
+    return TransformerConfig(
+        vocab_size=64,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+    )
+
+
+def multi30k_dir() -> str:
+    """The Multi30k folder from MULTI30K_DIR, or skip the test saying how to enable it."""
+    path = os.environ.get("MULTI30K_DIR")
+    if not path or not os.path.isdir(path):
+        pytest.skip("MULTI30K_DIR is unset or not a folder: point it at shared/data/multi30k to run this test")
+    return path

@@ -1,0 +1,365 @@
+"""Properties of the model: the paper's sizes, masking, caching, backends, and Hugging Face integration."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TransformerModel
+
+
+def make_model(config: TransformerConfig, **overrides) -> TransformerForConditionalGeneration:
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return TransformerForConditionalGeneration(config).eval()
+
+
+def random_batch(config: TransformerConfig, batch: int = 3, source_length: int = 9, target_length: int = 7):
+    """Token ids that avoid the special tokens 0-3."""
+    source = torch.randint(4, config.vocab_size, (batch, source_length))
+    target = torch.randint(4, config.vocab_size, (batch, target_length))
+    return source, target
+
+
+# --- configuration ---------------------------------------------------------------------------------------------
+
+
+def test_defaults_are_the_papers_base_model():
+    config = TransformerConfig()
+    assert (config.d_model, config.encoder_layers, config.decoder_layers) == (512, 6, 6)
+    assert (config.encoder_attention_heads, config.encoder_ffn_dim, config.dropout) == (8, 2048, 0.1)
+    assert config.activation_function == "relu" and config.scale_embedding and not config.normalize_before
+    assert config.tie_word_embeddings and config.vocab_size == 37000
+    assert (config.hidden_size, config.num_attention_heads, config.num_hidden_layers) == (512, 8, 6)
+
+
+@pytest.mark.parametrize(("preset", "expected_millions", "tolerance"), [("base", 63, 2), ("big", 213, 3)])
+def test_presets_have_the_papers_parameter_counts(preset, expected_millions, tolerance):
+    with torch.device("meta"):
+        model = TransformerForConditionalGeneration(TransformerConfig.from_preset(preset))
+    count = sum(p.numel() for p in model.parameters()) / 1e6  # tied matrices are counted once
+    assert abs(count - expected_millions) <= tolerance, count
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("d_model", 100),  # not divisible by 8 heads
+        ("encoder_attention_heads", 3),
+        ("decoder_attention_heads", 7),
+        ("encoder_layers", 0),
+        ("decoder_ffn_dim", -1),
+        ("vocab_size", 0),
+        ("dropout", 1.0),
+        ("attention_dropout", -0.1),
+        ("activation_dropout", 1.5),
+        ("activation_function", "swishy"),
+        ("pad_token_id", 37000),
+        ("eos_token_id", 40000),
+        ("decoder_start_token_id", -1),
+    ],
+)
+def test_invalid_config_values_raise_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        TransformerConfig(**{field: value})
+
+
+def test_unknown_preset_lists_the_known_ones():
+    with pytest.raises(ValueError, match="base"):
+        TransformerConfig.from_preset("huge")
+
+
+# --- the architecture's properties -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+def test_cached_incremental_decoding_equals_full_forward(tiny_config, normalize_before):
+    model = make_model(tiny_config, normalize_before=normalize_before)
+    source, target = random_batch(tiny_config)
+    mask = torch.ones_like(source)
+    mask[0, -3:] = 0
+    with torch.no_grad():
+        full = model(input_ids=source, attention_mask=mask, decoder_input_ids=target, use_cache=False).logits
+        encoder_outputs = model.get_encoder()(source, mask)
+        past, steps = None, []
+        for t in range(target.shape[1]):
+            out = model(
+                encoder_outputs=encoder_outputs,
+                attention_mask=mask,
+                decoder_input_ids=target[:, t : t + 1],
+                past_key_values=past,
+                use_cache=True,
+            )
+            past = out.past_key_values
+            steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+
+
+def test_right_padding_of_source_and_target_does_not_change_logits(tiny_config):
+    model = make_model(tiny_config)
+    source, target = random_batch(tiny_config, batch=1)
+    pad = tiny_config.pad_token_id
+    padded_source = torch.cat([source, torch.full((1, 5), pad)], dim=1)
+    padded_mask = (padded_source != pad).long()
+    padded_target = torch.cat([target, torch.full((1, 4), pad)], dim=1)
+    with torch.no_grad():
+        plain = model(input_ids=source, decoder_input_ids=target).logits
+        padded = model(input_ids=padded_source, attention_mask=padded_mask, decoder_input_ids=padded_target).logits
+    torch.testing.assert_close(padded[:, : target.shape[1]], plain, atol=1e-5, rtol=0)
+
+
+def test_changing_a_future_target_token_does_not_change_earlier_logits(tiny_config):
+    model = make_model(tiny_config)
+    source, target = random_batch(tiny_config)
+    changed = target.clone()
+    changed[:, 4] = (changed[:, 4] + 1 - 4) % (tiny_config.vocab_size - 4) + 4
+    with torch.no_grad():
+        before = model(input_ids=source, decoder_input_ids=target).logits
+        after = model(input_ids=source, decoder_input_ids=changed).logits
+    torch.testing.assert_close(after[:, :4], before[:, :4], atol=1e-6, rtol=0)
+    assert not torch.allclose(after[:, 4:], before[:, 4:])
+
+
+def test_eager_and_sdpa_agree_and_attention_maps_are_returned(tiny_config):
+    model = make_model(tiny_config)
+    source, target = random_batch(tiny_config)
+    mask = torch.ones_like(source)
+    mask[1, -4:] = 0
+    with torch.no_grad():
+        sdpa = model(input_ids=source, attention_mask=mask, decoder_input_ids=target, output_attentions=True)
+        model.set_attn_implementation("eager")
+        eager = model(input_ids=source, attention_mask=mask, decoder_input_ids=target, output_attentions=True)
+    torch.testing.assert_close(sdpa.logits, eager.logits, atol=1e-5, rtol=0)
+    for outputs in (sdpa, eager):
+        assert len(outputs.encoder_attentions) == tiny_config.encoder_layers
+        cross = outputs.cross_attentions[-1]
+        assert cross.shape == (3, 4, target.shape[1], source.shape[1])
+        torch.testing.assert_close(cross.sum(-1), torch.ones(cross.shape[:-1]))
+        assert cross[1, :, :, -4:].abs().max() == 0  # padded source tokens get no attention
+        decoder_self = outputs.decoder_attentions[0]
+        assert torch.triu(decoder_self, diagonal=1).abs().max() == 0  # nothing attends to the future
+    torch.testing.assert_close(sdpa.cross_attentions[-1], eager.cross_attentions[-1], atol=1e-6, rtol=0)
+
+
+def test_sinusoidal_encoding_matches_the_formula():
+    from hf_transformer.modeling_transformer import SinusoidalPositionalEncoding
+
+    d_model = 16
+    encoding = SinusoidalPositionalEncoding(d_model)(torch.arange(50))
+    for pos in (0, 7, 49):
+        for i in range(d_model // 2):
+            angle = torch.tensor(pos / 10000 ** (2 * i / d_model))
+            torch.testing.assert_close(encoding[pos, 2 * i], torch.sin(angle))
+            torch.testing.assert_close(encoding[pos, 2 * i + 1], torch.cos(angle))
+
+
+def test_shared_embeddings_and_output_projection_are_one_matrix(tiny_config):
+    model = make_model(tiny_config)
+    shared = model.model.encoder.embed_tokens.weight
+    assert model.model.decoder.embed_tokens.weight is shared and model.lm_head.weight is shared
+    untied = make_model(TransformerConfig(**{**tiny_config.to_dict(), "tie_word_embeddings": False}))
+    assert untied.lm_head.weight is not untied.model.encoder.embed_tokens.weight
+
+
+def test_loss_is_mean_token_cross_entropy_ignoring_minus_100(tiny_config):
+    model = make_model(tiny_config)
+    source, target = random_batch(tiny_config)
+    labels = target.clone()
+    labels[0, -2:] = -100
+    out = model(input_ids=source, labels=labels)
+    expected = torch.nn.functional.cross_entropy(out.logits[labels != -100], labels[labels != -100])
+    torch.testing.assert_close(out.loss, expected)
+    # decoder inputs are the labels shifted right behind the start token
+    shifted = model.prepare_decoder_input_ids_from_labels(labels)
+    assert shifted[:, 0].eq(tiny_config.decoder_start_token_id).all()
+    assert torch.equal(shifted[1, 1:], labels[1, :-1])
+    summed = model(input_ids=source, labels=labels, num_items_in_batch=10).loss
+    torch.testing.assert_close(summed, expected * (labels != -100).sum() / 10)
+
+
+def test_token_ids_outside_the_vocabulary_give_a_clear_error(tiny_config):
+    model = make_model(tiny_config)
+    source, target = random_batch(tiny_config)
+    source[0, 2] = tiny_config.vocab_size + 5
+    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 64\).*resize_token_embeddings"):
+        model(input_ids=source, decoder_input_ids=target)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model(input_ids=target, labels=source)
+
+
+def test_too_long_input_names_max_position_embeddings(tiny_config):
+    model = make_model(tiny_config)
+    source = torch.randint(4, 64, (1, tiny_config.max_position_embeddings + 1))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model(input_ids=source, decoder_input_ids=source[:, :3])
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_config):
+    source, target = random_batch(tiny_config)
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = TransformerForConditionalGeneration(tiny_config).train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        torch.manual_seed(1)  # same dropout masks in both runs
+        model(input_ids=source, labels=target).loss.backward()
+        grads.append(model.lm_head.weight.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_resize_token_embeddings_keeps_the_ties(tiny_config):
+    model = make_model(tiny_config)
+    model.resize_token_embeddings(80)
+    assert model.config.vocab_size == 80
+    assert model.lm_head.weight is model.model.encoder.embed_tokens.weight
+    assert model.model.decoder.embed_tokens.weight.shape == (80, 32)
+    source, target = random_batch(model.config)
+    assert model(input_ids=source, decoder_input_ids=target).logits.shape[-1] == 80
+
+
+# --- generation ------------------------------------------------------------------------------------------------
+
+
+def test_greedy_generation_equals_an_argmax_loop_and_beam_and_sampling_run(tiny_config):
+    model = make_model(tiny_config)
+    source, _ = random_batch(tiny_config, batch=2)
+    mask = torch.ones_like(source)
+    greedy = model.generate(source, attention_mask=mask, num_beams=1, max_new_tokens=6, min_new_tokens=6)
+    decoded = torch.full((2, 1), tiny_config.decoder_start_token_id)
+    with torch.no_grad():
+        for _ in range(6):
+            logits = model(input_ids=source, attention_mask=mask, decoder_input_ids=decoded).logits[:, -1]
+            logits[:, tiny_config.eos_token_id] = -float("inf")  # what min_new_tokens does
+            decoded = torch.cat([decoded, logits.argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(greedy, decoded)
+
+    assert model.generation_config.num_beams == 4 and model.generation_config.length_penalty == 0.6
+    beams = model.generate(source, attention_mask=mask, max_new_tokens=6, num_return_sequences=4)
+    assert beams.shape[0] == 8
+    torch.manual_seed(0)
+    sampled = model.generate(source, attention_mask=mask, do_sample=True, num_beams=1, top_k=10, max_new_tokens=6)
+    torch.manual_seed(0)
+    again = model.generate(source, attention_mask=mask, do_sample=True, num_beams=1, top_k=10, max_new_tokens=6)
+    assert torch.equal(sampled, again)
+
+
+def test_a_tiny_model_learns_to_copy(tiny_config):
+    """The classic sanity check of an encoder-decoder: copy random sequences exactly."""
+    torch.manual_seed(0)
+    config = TransformerConfig(
+        **{**tiny_config.to_dict(), "d_model": 64, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "dropout": 0.0}
+    )
+    model = TransformerForConditionalGeneration(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98), eps=1e-9)
+    # The paper's shape of schedule: linear warm-up, then inverse square-root decay.
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min((step + 1) / 50, (50 / (step + 1)) ** 0.5))
+    symbols, eos = torch.arange(4, 14), config.eos_token_id
+
+    def batch(size: int):
+        tokens = symbols[torch.randint(0, len(symbols), (size, 8))]
+        return torch.cat([tokens, torch.full((size, 1), eos)], dim=1)
+
+    for _ in range(600):
+        sequences = batch(64)
+        loss = model(input_ids=sequences, labels=sequences).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    model.eval()
+    test = batch(200)
+    output = model.generate(test, attention_mask=torch.ones_like(test), num_beams=1, max_new_tokens=10)
+    exact = (output[:, 1 : test.shape[1] + 1] == test).all(dim=1).float().mean().item()
+    assert exact == 1.0, f"exact match {exact:.2f} after training, loss {loss.item():.4f}"
+
+
+# --- Hugging Face integration ----------------------------------------------------------------------------------
+
+
+def test_auto_classes_resolve_our_classes(tiny_config):
+    assert isinstance(AutoConfig.for_model("vaswani_transformer"), TransformerConfig)
+    assert isinstance(AutoModel.from_config(tiny_config), TransformerModel)
+    assert isinstance(AutoModelForSeq2SeqLM.from_config(tiny_config), TransformerForConditionalGeneration)
+
+
+def test_save_and_load_round_trip_exactly(tiny_config, tmp_path):
+    model = make_model(tiny_config)
+    source, target = random_batch(tiny_config)
+    model.save_pretrained(tmp_path)
+    with safe_open(tmp_path / "model.safetensors", "pt") as weights:
+        embedding_keys = [key for key in weights if "embed_tokens" in key or "lm_head" in key]
+    assert embedding_keys == ["model.encoder.embed_tokens.weight"]  # the tied matrix is written once
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_transformer.TransformerForConditionalGeneration"
+
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, TransformerForConditionalGeneration)
+    assert loaded.lm_head.weight is loaded.model.encoder.embed_tokens.weight
+    with torch.no_grad():
+        torch.testing.assert_close(
+            loaded(input_ids=source, decoder_input_ids=target).logits,
+            model(input_ids=source, decoder_input_ids=target).logits,
+            atol=0,
+            rtol=0,
+        )
+    assert torch.equal(loaded.generate(source, max_new_tokens=5), model.generate(source, max_new_tokens=5))
+
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert len(list((tmp_path / "sharded").glob("model-*.safetensors"))) > 1
+    resharded = TransformerForConditionalGeneration.from_pretrained(tmp_path / "sharded")
+    assert all(
+        torch.equal(a, b) for a, b in zip(resharded.state_dict().values(), model.state_dict().values(), strict=True)
+    )
+    half = TransformerForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert half.lm_head.weight.dtype == torch.bfloat16
+    assert half.generate(source, max_new_tokens=3).shape[0] == 3
+
+
+REMOTE_LOAD = textwrap.dedent(
+    """
+    import sys
+    sys.modules["hf_transformer"] = None  # as if this package were not installed
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+    folder, inputs_path, outputs_path = sys.argv[1:]
+    inputs = torch.load(inputs_path)
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+    assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+    with torch.no_grad():
+        logits = model(input_ids=inputs["source"], decoder_input_ids=inputs["target"]).logits
+    beams = model.generate(inputs["source"], max_new_tokens=5)
+    torch.save({"logits": logits, "beams": beams}, outputs_path)
+    """
+)
+
+
+def test_remote_code_load_without_the_package_gives_identical_outputs(tiny_config, tmp_path):
+    model = make_model(tiny_config)
+    source, target = random_batch(tiny_config)
+    model.save_pretrained(tmp_path / "model")
+    torch.save({"source": source, "target": target}, tmp_path / "inputs.pt")
+    script = tmp_path / "load.py"
+    script.write_text(REMOTE_LOAD)
+    env = {**os.environ, "PYTHONPATH": ""}
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "model"), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    remote = torch.load(tmp_path / "out.pt")
+    with torch.no_grad():
+        torch.testing.assert_close(
+            remote["logits"], model(input_ids=source, decoder_input_ids=target).logits, atol=0, rtol=0
+        )
+    assert torch.equal(remote["beams"], model.generate(source, max_new_tokens=5))
