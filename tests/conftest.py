@@ -31,6 +31,25 @@ def tiny_config() -> TransformerConfig:
     )
 
 
+@pytest.fixture
+def tiny_tokenizer():
+    """A BPE tokenizer with this project's special tokens (<pad> 0, <s> 1, </s> 2, <unk> 3), appending </s>."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    corpus = ["a dog runs on the grass", "two men play music", "ein hund rennt", "zwei männer spielen musik"]
+    trainer = trainers.BpeTrainer(vocab_size=64, special_tokens=["<pad>", "<s>", "</s>", "<unk>"])
+    tokenizer.train_from_iterator(corpus * 10, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
 def multi30k_dir() -> str:
     """The Multi30k folder from MULTI30K_DIR, or skip the test saying how to enable it."""
     path = os.environ.get("MULTI30K_DIR")

@@ -363,3 +363,83 @@ def test_remote_code_load_without_the_package_gives_identical_outputs(tiny_confi
             remote["logits"], model(input_ids=source, decoder_input_ids=target).logits, atol=0, rtol=0
         )
     assert torch.equal(remote["beams"], model.generate(source, max_new_tokens=5))
+
+
+def test_flex_attention_agrees_with_sdpa(tiny_config):
+    model = make_model(tiny_config)
+    source, target = random_batch(tiny_config)
+    mask = torch.ones_like(source)
+    mask[0, -2:] = 0
+    with torch.no_grad():
+        sdpa = model(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+        model.set_attn_implementation("flex_attention")
+        flex = model(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+    torch.testing.assert_close(flex, sdpa, atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="flash attention needs a CUDA GPU")
+def test_flash_attention_agrees_with_sdpa_on_gpu(tiny_config):
+    pytest.importorskip("flash_attn", reason="the flash-attn package is not installed")
+    model = make_model(tiny_config).to("cuda", torch.bfloat16)
+    source, target = (t.cuda() for t in random_batch(tiny_config))
+    with torch.no_grad():
+        sdpa = model(input_ids=source, decoder_input_ids=target).logits.float()
+        model.set_attn_implementation("flash_attention_2")
+        flash = model(input_ids=source, decoder_input_ids=target).logits.float()
+    torch.testing.assert_close(flash, sdpa, atol=2e-2, rtol=0)
+
+
+def test_seq2seq_trainer_trains_with_label_smoothing(tiny_config, tiny_tokenizer, tmp_path):
+    from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    config = TransformerConfig(**{**tiny_config.to_dict(), "vocab_size": len(tiny_tokenizer)})
+    model = TransformerForConditionalGeneration(config)
+    pairs = [("a dog runs", "ein hund rennt"), ("two men play music", "zwei männer spielen musik")] * 16
+    dataset = [tiny_tokenizer(source, text_target=target) for source, target in pairs]
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=40,
+        per_device_train_batch_size=8,
+        learning_rate=3e-3,
+        label_smoothing_factor=0.1,
+        logging_steps=5,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+    )
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=DataCollatorForSeq2Seq(tiny_tokenizer, model=model),
+    )
+    assert trainer.label_smoother is not None
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert losses[-1] < 0.5 * losses[0], losses
+    model.eval()
+    inputs = tiny_tokenizer(["a dog runs"], return_tensors="pt")
+    translation = tiny_tokenizer.decode(model.generate(**inputs, max_new_tokens=10)[0], skip_special_tokens=True)
+    assert translation == "ein hund rennt"
+
+
+def test_translation_pipeline_from_a_saved_folder(tiny_config, tiny_tokenizer, tmp_path):
+    from transformers import pipeline
+
+    from hf_transformer import TranslationPipeline
+
+    config = TransformerConfig(**{**tiny_config.to_dict(), "vocab_size": len(tiny_tokenizer)})
+    model = TransformerForConditionalGeneration(config).eval()
+    TranslationPipeline(model=model, tokenizer=tiny_tokenizer).save_pretrained(tmp_path)
+    assert (tmp_path / "pipeline_translation.py").exists()
+    assert "translation" in json.loads((tmp_path / "config.json").read_text())["custom_pipelines"]
+    translator = pipeline(model=str(tmp_path), trust_remote_code=True)
+    sentences = ["a dog runs", "two men play music"]
+    results = translator(sentences, max_new_tokens=5)
+    expected = [
+        tiny_tokenizer.decode(
+            model.generate(**tiny_tokenizer(s, return_tensors="pt"), max_new_tokens=5)[0], skip_special_tokens=True
+        ).strip()
+        for s in sentences
+    ]
+    assert [result["translation_text"] for result in results] == expected
