@@ -1,0 +1,88 @@
+"""Engineering around training that belongs to no single module: throughput, padding and MFU logging, and a
+W&B logger that falls back to offline runs."""
+
+import netrc
+import os
+import time
+from typing import Any
+from urllib.parse import urlparse
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.utilities.throughput import get_available_flops
+from lightning.pytorch.loggers import WandbLogger
+
+
+class TranslationThroughput(pl.Callback):
+    """Logs target tokens/s, source+target tokens/s, padding efficiency (real / padded tokens) and, where the
+    device's peak FLOP/s is known, model FLOPs utilisation (6 FLOPs per parameter per target token for forward and
+    backward, the usual estimate; attention scores are left out)."""
+
+    def __init__(self, log_every_n_steps: int = 10):
+        super().__init__()
+        self.log_every_n_steps = log_every_n_steps
+        self._reset()
+
+    def _reset(self) -> None:
+        self._start = time.perf_counter()
+        self._target_tokens = self._real_tokens = self._padded_tokens = 0
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._parameters = sum(p.numel() for p in pl_module.parameters())
+        dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(trainer.precision.split("-")[0], torch.float32)
+        self._peak_flops = get_available_flops(pl_module.device, dtype)
+        self._reset()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: dict,
+                           batch_idx: int) -> None:
+        labels = batch["labels"]
+        target_tokens = int((labels != -100).sum())
+        self._target_tokens += target_tokens
+        self._real_tokens += int(batch["attention_mask"].sum()) + target_tokens
+        self._padded_tokens += batch["attention_mask"].numel() + labels.numel()
+        if (batch_idx + 1) % self.log_every_n_steps:
+            return
+        seconds = time.perf_counter() - self._start
+        metrics = {
+            "throughput/target_tokens_per_sec": self._target_tokens / seconds,
+            "throughput/tokens_per_sec": self._real_tokens / seconds,
+            "throughput/padding_efficiency": self._real_tokens / self._padded_tokens,
+        }
+        if self._peak_flops:
+            metrics["throughput/mfu"] = 6 * self._parameters * self._target_tokens / seconds / self._peak_flops
+        pl_module.log_dict(metrics)
+        self._reset()
+
+
+def wandb_credentials_found() -> bool:
+    """True when W&B can log in without asking: an API key in the environment or in ~/.netrc (`wandb login`)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc().authenticators(host) is not None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return False
+
+
+class AutoWandbLogger(WandbLogger):
+    """Lightning's `WandbLogger`, online when W&B credentials are found and offline otherwise (the run is written to
+    `<save_dir>/wandb/offline-run-*`; upload it later with `wandb sync`). `offline` forces either."""
+
+    def __init__(
+        self,
+        project: str | None = "hf-transformer",
+        name: str | None = None,
+        save_dir: str = ".",
+        id: str | None = None,
+        offline: bool | None = None,
+        log_model: bool = False,
+        tags: list[str] | None = None,
+        group: str | None = None,
+    ):
+        if offline is None:
+            offline = os.environ.get("WANDB_MODE") == "offline" or not wandb_credentials_found()
+        super().__init__(
+            project=project, name=name, save_dir=save_dir, id=id, offline=offline, log_model=log_model and not offline,
+            tags=tags, group=group,
+        )

@@ -1,0 +1,85 @@
+"""From Lightning checkpoints to Hugging Face folders: reading the model and tokenizer that travel inside a
+checkpoint, averaging the last checkpoints (section 6.1 averages the last 5), and exporting."""
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+from transformers import PreTrainedTokenizerFast
+
+from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline
+
+MODEL_PREFIX = "model."
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint written by `TranslationModule` (plain tensors and Python values only)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No checkpoint at {path}: pass the path of a .ckpt file written during training.")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    for key in ("state_dict", "hf_config", "tokenizer"):
+        if key not in checkpoint:
+            raise ValueError(f"{path} has no {key!r}: it was not written by lightning_modules.TranslationModule.")
+    return checkpoint
+
+
+def tokenizer_from_checkpoint(checkpoint: dict[str, Any]) -> PreTrainedTokenizerFast:
+    saved = checkpoint["tokenizer"]
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(saved["json"]), **saved["special_tokens"])
+
+
+def tokenizer_state(tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
+    """What `tokenizer_from_checkpoint` needs, as plain values."""
+    return {"json": tokenizer.backend_tokenizer.to_str(), "special_tokens": dict(tokenizer.special_tokens_map)}
+
+
+def model_from_checkpoint(checkpoint: dict[str, Any]) -> TransformerForConditionalGeneration:
+    model = TransformerForConditionalGeneration(TransformerConfig.from_dict(checkpoint["hf_config"]))
+    state = {
+        name.removeprefix(MODEL_PREFIX): tensor
+        for name, tensor in checkpoint["state_dict"].items()
+        if name.startswith(MODEL_PREFIX)
+    }
+    model.load_state_dict(state, strict=False)  # tied weights appear under one name only
+    model.tie_weights()
+    if "generation_config" in checkpoint:
+        model.generation_config.update(**checkpoint["generation_config"])
+    return model.eval()
+
+
+def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
+    """The element-wise mean of the float weights of several checkpoints (computed in float64); everything else is
+    taken from the last one."""
+    if not paths:
+        raise ValueError("Checkpoint averaging needs at least one checkpoint.")
+    checkpoints = [load_checkpoint(path) for path in paths]
+    averaged = dict(checkpoints[-1])
+    averaged["state_dict"] = {}
+    for name, last in checkpoints[-1]["state_dict"].items():
+        if last.is_floating_point():
+            total = sum(checkpoint["state_dict"][name].double() for checkpoint in checkpoints)
+            averaged["state_dict"][name] = (total / len(checkpoints)).to(last.dtype)
+        else:
+            averaged["state_dict"][name] = last
+    return averaged
+
+
+def last_checkpoints(folder: str | Path, count: int) -> list[Path]:
+    """The `count` most recent step checkpoints in `folder` (by global step), oldest first."""
+    candidates = [path for path in Path(folder).glob("*.ckpt") if not path.stem.startswith(("last", "on_exception"))]
+    steps = {path: torch.load(path, map_location="cpu", weights_only=True)["global_step"] for path in candidates}
+    chosen = sorted(candidates, key=steps.get)[-count:]
+    if len(chosen) < count:
+        raise ValueError(f"Asked to average {count} checkpoints but {folder} holds {len(chosen)}: {chosen}.")
+    return chosen
+
+
+def export(checkpoint: dict[str, Any], folder: str | Path) -> Path:
+    """Write the Hugging Face folder: model weights and config with its code (`auto_map`), the translation pipeline,
+    the tokenizer and the generation config."""
+    folder = Path(folder)
+    model = model_from_checkpoint(checkpoint)
+    TranslationPipeline(model=model, tokenizer=tokenizer_from_checkpoint(checkpoint)).save_pretrained(folder)
+    return folder

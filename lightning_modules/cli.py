@@ -1,0 +1,78 @@
+"""`hf-transformer`: LightningCLI's fit/validate/test/predict plus `export` and `average`.
+
+    hf-transformer fit --config configs/demo.yaml
+    hf-transformer test --config configs/demo.yaml --ckpt_path runs/demo/checkpoints/last.ckpt
+    hf-transformer export runs/demo/checkpoints/last.ckpt exports/demo [--average 5]
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from lightning.pytorch.cli import LightningCLI
+
+from .checkpoint import average_checkpoints, export, last_checkpoints, load_checkpoint
+from .data import TranslationDataModule
+from .module import TranslationModule
+
+
+class TranslationCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        # The tokenizer decides the vocabulary and special ids: the model takes them from the data module.
+        for name in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id"):
+            parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
+
+    def after_test(self) -> None:
+        """Write the test hypotheses, one per line in test-set order, next to the scores."""
+        hypotheses = self.model.gathered_test_hypotheses()
+        if self.trainer.is_global_zero:
+            folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "test_hypotheses.txt").write_text("".join(f"{line}\n" for line in hypotheses))
+            scores = {name: float(value) for name, value in self.trainer.callback_metrics.items()
+                      if name.startswith("test/")}
+            (folder / "test_scores.json").write_text(json.dumps(scores, indent=2) + "\n")
+            print(f"Test hypotheses and scores written to {folder}")
+
+
+def export_main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog="hf-transformer export",
+        description="Write a Hugging Face folder (model with its code, tokenizer, generation config, pipeline) from a "
+        "training checkpoint, optionally averaging the last N checkpoints of its folder.",
+    )
+    parser.add_argument("checkpoint", help="a .ckpt file (best, last), or with --average the checkpoint folder")
+    parser.add_argument("folder", help="where to write the Hugging Face model folder")
+    parser.add_argument("--average", type=int, default=None, metavar="N", help="average the last N step checkpoints")
+    args = parser.parse_args(argv)
+    if args.average:
+        folder = Path(args.checkpoint)
+        folder = folder if folder.is_dir() else folder.parent
+        paths = last_checkpoints(folder, args.average)
+        print(f"Averaging {len(paths)} checkpoints: {', '.join(path.name for path in paths)}")
+        checkpoint = average_checkpoints(paths)
+    else:
+        checkpoint = load_checkpoint(args.checkpoint)
+    print(f"Exported to {export(checkpoint, args.folder)}")
+
+
+COMMANDS = {"export": export_main}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in COMMANDS:
+        COMMANDS[argv[0]](argv[1:])
+        return
+    TranslationCLI(
+        TranslationModule,
+        TranslationDataModule,
+        args=argv,
+        trainer_defaults={"use_distributed_sampler": False},  # the data module shards its token-budget batches
+        save_config_kwargs={"overwrite": True},
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""The training logic: teacher forcing with label smoothing, Adam with the paper's warm-up schedule, and evaluation by
+loss, perplexity and BLEU/chrF of beam-search translations."""
+
+import math
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torchmetrics.text import CHRFScore, SacreBLEUScore
+
+from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
+
+from .checkpoint import tokenizer_from_checkpoint, tokenizer_state
+
+ModelSize = int | None
+
+
+def noam_lr_lambda(d_model: int, warmup_steps: int, factor: float = 1.0):
+    """lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)  (section 5.3), as a LambdaLR multiplier of a
+    base lr of 1. LambdaLR evaluates step 0 at construction, so the formula gets step + 1."""
+
+    def lr_lambda(step: int) -> float:
+        step += 1
+        return factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+    return lr_lambda
+
+
+def inverse_sqrt_lr_lambda(peak_lr: float, warmup_steps: int):
+    """Linear warm-up to `peak_lr`, then peak_lr * sqrt(warmup / step) (fairseq's inverse_sqrt)."""
+
+    def lr_lambda(step: int) -> float:
+        step += 1
+        return peak_lr * min(step / warmup_steps, math.sqrt(warmup_steps / step))
+
+    return lr_lambda
+
+
+def label_smoothed_loss(logits: torch.Tensor, labels: torch.Tensor, smoothing: float) -> tuple[torch.Tensor, int]:
+    """Cross-entropy against targets smoothed with epsilon_ls (section 5.4), summed over target tokens; returns the sum
+    and the number of target tokens, so callers normalise per token."""
+    loss = F.cross_entropy(
+        logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, label_smoothing=smoothing, reduction="sum"
+    )
+    return loss, int((labels != -100).sum())
+
+
+class TranslationModule(pl.LightningModule):
+    """Trains a `TransformerForConditionalGeneration` on batches from `TranslationDataModule`.
+
+    Every argument is a plain value, so checkpoints reload with `torch.load(weights_only=True)`. The model sizes start
+    from `preset` ("base" or "big", Table 3); each size argument left at None keeps the preset's value. `vocab_size`
+    and the special token ids are linked from the data module's tokenizer by the CLI.
+    """
+
+    def __init__(
+        self,
+        preset: Literal["base", "big"] = "base",
+        d_model: ModelSize = None,
+        encoder_layers: ModelSize = None,
+        decoder_layers: ModelSize = None,
+        attention_heads: ModelSize = None,
+        ffn_dim: ModelSize = None,
+        dropout: float | None = None,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
+        normalize_before: bool = False,
+        max_position_embeddings: int = 1024,
+        vocab_size: int = 37000,
+        pad_token_id: int = 0,
+        bos_token_id: int = 1,
+        eos_token_id: int = 2,
+        label_smoothing: float = 0.1,
+        lr_schedule: Literal["noam", "inverse_sqrt"] = "noam",
+        lr_factor: float = 1.0,
+        peak_lr: float = 5e-4,
+        warmup_steps: int = 4000,
+        betas: tuple[float, float] = (0.9, 0.98),
+        eps: float = 1e-9,
+        weight_decay: float = 0.0,
+        num_beams: int = 4,
+        length_penalty: float = 0.6,
+        max_length_offset: int = 50,
+        num_logged_samples: int = 8,
+        init_from: str | None = None,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        sizes = {
+            "d_model": d_model,
+            "encoder_layers": encoder_layers,
+            "decoder_layers": decoder_layers,
+            "encoder_attention_heads": attention_heads,
+            "decoder_attention_heads": attention_heads,
+            "encoder_ffn_dim": ffn_dim,
+            "decoder_ffn_dim": ffn_dim,
+            "dropout": dropout,
+        }
+        config = TransformerConfig.from_preset(
+            preset,
+            **{name: value for name, value in sizes.items() if value is not None},
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
+            normalize_before=normalize_before,
+            max_position_embeddings=max_position_embeddings,
+            vocab_size=vocab_size,
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            decoder_start_token_id=bos_token_id,
+        )
+        if init_from is not None:
+            self.model = TransformerForConditionalGeneration.from_pretrained(init_from)
+            if self.model.config.vocab_size != vocab_size:
+                raise ValueError(
+                    f"init_from={init_from!r} has a vocabulary of {self.model.config.vocab_size} tokens but the data "
+                    f"module's tokenizer has {vocab_size}: set data.tokenizer to the model's tokenizer ({init_from})."
+                )
+        else:
+            self.model = TransformerForConditionalGeneration(config)
+        self.model.generation_config.num_beams = num_beams
+        self.model.generation_config.length_penalty = length_penalty
+        self.label_smoothing = label_smoothing
+        self.bleu = {stage: SacreBLEUScore(tokenize="13a") for stage in ("val", "test")}
+        self.chrf = {stage: CHRFScore(n_word_order=0) for stage in ("val", "test")}
+        self._samples: list[list[str]] = []
+        self._hypotheses: list[tuple[int, str]] = []
+
+    # --- training ----------------------------------------------------------------------------------------------
+
+    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Teacher forcing: the decoder reads the target shifted right and predicts every next token at once."""
+        return self.model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            decoder_input_ids=self.model.prepare_decoder_input_ids_from_labels(batch["labels"]),
+            use_cache=False,
+        ).logits
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        loss_sum, target_tokens = label_smoothed_loss(self(batch), batch["labels"], self.label_smoothing)
+        loss = loss_sum / target_tokens
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"Training loss is {loss.item()} at step {self.global_step}. The weights were not updated with it; "
+                "resume from the last checkpoint (--ckpt_path last) with a lower learning rate (model.lr_factor or "
+                "model.peak_lr), more warm-up (model.warmup_steps), gradient clipping (trainer.gradient_clip_val) or "
+                "bf16-mixed instead of 16-mixed precision."
+            )
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/target_tokens", float(target_tokens), reduce_fx="sum")
+        return loss
+
+    def configure_optimizers(self):
+        hparams = self.hparams
+        if hparams.lr_schedule == "noam":
+            lr_lambda = noam_lr_lambda(self.model.config.d_model, hparams.warmup_steps, hparams.lr_factor)
+        else:
+            lr_lambda = inverse_sqrt_lr_lambda(hparams.peak_lr, hparams.warmup_steps)
+        optimizer = torch.optim.AdamW(
+            self.parameters(), lr=1.0, betas=tuple(hparams.betas), eps=hparams.eps, weight_decay=hparams.weight_decay
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # --- evaluation --------------------------------------------------------------------------------------------
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
+        loss_sum, target_tokens = label_smoothed_loss(self(batch), batch["labels"], 0.0)
+        batch_size = batch["input_ids"].shape[0]
+        # Summed over batches and ranks, then divided: the corpus-level per-token loss.
+        self.log(f"{stage}/nll_sum", loss_sum, reduce_fx="sum", sync_dist=True, batch_size=batch_size)
+        self.log(f"{stage}/target_tokens", float(target_tokens), reduce_fx="sum", sync_dist=True)
+
+        hypotheses = self.translate(batch["input_ids"], batch["attention_mask"])
+        references = [[reference] for reference in batch["target_text"]]
+        self.bleu[stage].update(hypotheses, references)
+        self.chrf[stage].update(hypotheses, references)
+        if stage == "val" and len(self._samples) < self.hparams.num_logged_samples:
+            for source, reference, hypothesis in zip(batch["source_text"], batch["target_text"], hypotheses, strict=True):
+                self._samples.append([source, reference, hypothesis])
+        if stage == "test":
+            self._hypotheses.extend(zip(batch["index"].tolist(), hypotheses, strict=True))
+
+    @torch.no_grad()
+    def translate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[str]:
+        """Beam search with the paper's maximum output length: input length + 50 (section 6.1)."""
+        output_ids = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=input_ids.shape[1] + self.hparams.max_length_offset,
+        )
+        return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)
+
+    @property
+    def tokenizer(self):
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if datamodule is not None:
+            return datamodule.tokenizer
+        if getattr(self, "_checkpoint_tokenizer", None) is None:
+            raise RuntimeError("No tokenizer: run with a TranslationDataModule or load this module from a checkpoint.")
+        return self._checkpoint_tokenizer
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_scores("val")
+        if self._samples and not self.trainer.sanity_checking and hasattr(self.logger, "log_text"):
+            self.logger.log_text("val/samples", columns=["source", "reference", "hypothesis"], data=self._samples)
+        self._samples = []
+
+    def on_test_epoch_end(self) -> None:
+        self._log_scores("test")
+
+    def _log_scores(self, stage: str) -> None:
+        metrics = self.trainer.callback_metrics
+        nll = metrics[f"{stage}/nll_sum"] / metrics[f"{stage}/target_tokens"].clamp(min=1)
+        self.log(f"{stage}/loss", nll, sync_dist=False)
+        self.log(f"{stage}/perplexity", nll.exp(), sync_dist=False)
+        # SacreBLEU reports 0-100; torchmetrics' states are sums, so compute() is the exact corpus score over ranks.
+        self.log(f"{stage}/bleu", 100 * self.bleu[stage].compute(), prog_bar=True)
+        self.log(f"{stage}/chrf", 100 * self.chrf[stage].compute())
+        self.bleu[stage].reset()
+        self.chrf[stage].reset()
+
+    def gathered_test_hypotheses(self) -> list[str]:
+        """The test hypotheses of all ranks, in the order of the test set."""
+        gathered = [self._hypotheses]
+        if self.trainer.world_size > 1:
+            gathered = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(gathered, self._hypotheses)
+        hypotheses = dict(pair for rank_pairs in gathered for pair in rank_pairs)
+        self._hypotheses = []
+        return [hypotheses[index] for index in sorted(hypotheses)]
+
+    def setup(self, stage: str) -> None:
+        for metrics in (self.bleu, self.chrf):
+            for metric in metrics.values():
+                metric.to(self.device)
+
+    # --- checkpoints: the HF config and the tokenizer travel inside -------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["hf_config"] = self.model.config.to_dict()
+        checkpoint["generation_config"] = self.model.generation_config.to_dict()
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not None:
+            checkpoint["tokenizer"] = tokenizer_state(datamodule.tokenizer)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "tokenizer" in checkpoint:
+            self._checkpoint_tokenizer = tokenizer_from_checkpoint(checkpoint)
