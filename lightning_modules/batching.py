@@ -1,0 +1,222 @@
+"""Batches of pairs of similar length under a token budget (the paper's batching, fairseq's `--max-tokens`).
+
+Every rank builds the same plan for an epoch from `seed` and `epoch` and takes its own share, so DDP needs no
+communication; a DataLoader that records its position lets Lightning resume in the middle of an epoch.
+"""
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from .errors import DataError
+
+
+class TokenBudgetBatchSampler(Sampler[list[int]]):
+    """Yields lists of dataset indices; a batch of n pairs costs n * (longest source or target) tokens.
+
+    So the padded source and the padded target tensor of a batch each hold at most `max_tokens` tokens, and at most
+    `max_sentences` pairs when given. An epoch's plan: shuffle (seeded by `seed` and the epoch), sort by length,
+    pack greedily, shuffle the batches. Rank r of `world_size` takes batches r, r + world_size, ...; the plan is
+    split until every rank gets the same number, so the ranks cover each pair exactly once and none waits for a
+    batch that never comes. `shuffle=False` keeps a fixed order, for evaluation.
+    """
+
+    def __init__(
+        self,
+        source_lengths: Sequence[int] | np.ndarray,
+        target_lengths: Sequence[int] | np.ndarray,
+        max_tokens: int,
+        max_sentences: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
+        self.target_lengths = np.asarray(target_lengths, dtype=np.int64)
+        if self.source_lengths.shape != self.target_lengths.shape:
+            raise ValueError("source_lengths and target_lengths must have one entry per pair")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        longest = int(np.maximum(self.source_lengths, self.target_lengths).max(initial=0))
+        if longest > max_tokens:
+            raise DataError(
+                f"a pair of {longest} tokens does not fit in a batch of max_tokens={max_tokens}: raise max_tokens "
+                "or lower max_source_positions/max_target_positions"
+            )
+        self.max_tokens, self.max_sentences = max_tokens, max_sentences
+        self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
+        self.epoch = 0
+        self._start = 0
+        self._cached_plan: tuple[int, list[list[int]]] | None = None
+
+    @property
+    def sampler(self) -> "TokenBudgetBatchSampler":
+        """Lightning calls `set_epoch` on `dataloader.batch_sampler.sampler`, so this object is its own sampler."""
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def plan(self, epoch: int | None = None) -> list[list[int]]:
+        """The batches of all ranks for `epoch` (default: the current one); rank r gets `plan[r::world_size]`."""
+        epoch = self.epoch if epoch is None else epoch
+        if self._cached_plan is None or self._cached_plan[0] != epoch:
+            self._cached_plan = (epoch, self._build_plan(epoch))
+        return self._cached_plan[1]
+
+    def resume_at(self, batch: int) -> None:
+        """Start the next iteration at this rank's batch number `batch` of the current epoch."""
+        self._start = batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start, self._start = self._start, 0
+        return iter(self.plan()[self.rank + start * self.world_size :: self.world_size])
+
+    def __len__(self) -> int:
+        return len(self.plan()) // self.world_size
+
+    def _build_plan(self, epoch: int) -> list[list[int]]:
+        rng = np.random.default_rng([self.seed, epoch])
+        count = len(self.source_lengths)
+        order = rng.permutation(count) if self.shuffle else np.arange(count)
+        batches = self._pack(self._length_order(order))
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return _split_until_divisible(batches, self.world_size)
+
+    def _length_order(self, order: np.ndarray) -> np.ndarray:
+        """Sort by source length, then target length (a stable sort: pairs of equal lengths keep their shuffle).
+
+        The target order alternates, ascending within even source lengths and descending within odd ones, so a
+        batch that crosses from one source length to the next still holds targets of similar length.
+        """
+        source, target = self.source_lengths[order], self.target_lengths[order]
+        return order[np.lexsort((np.where(source % 2 == 0, target, -target), source))]
+
+    def _pack(self, order: np.ndarray) -> list[list[int]]:
+        """Fill batches in `order` while n * longest <= max_tokens and n <= max_sentences."""
+        cost = np.maximum(self.source_lengths, self.target_lengths).tolist()
+        limit = self.max_sentences or len(cost)
+        batches, current, longest = [], [], 0
+        for index in order.tolist():
+            grown = max(longest, cost[index])
+            if current and ((len(current) + 1) * grown > self.max_tokens or len(current) == limit):
+                batches.append(current)
+                current, grown = [], cost[index]
+            current.append(index)
+            longest = grown
+        if current:
+            batches.append(current)
+        return batches
+
+
+def _split_until_divisible(batches: list[list[int]], world_size: int) -> list[list[int]]:
+    """Halve the largest batches until the count divides by `world_size`.
+
+    Ranks with fewer batches would leave the others waiting in an all-reduce forever; repeating batches to even out
+    the counts (what DistributedSampler does) would count some pairs twice, which evaluation must not.
+    """
+    while len(batches) % world_size:
+        largest = max(range(len(batches)), key=lambda i: len(batches[i]))
+        pairs = batches[largest]
+        if len(pairs) < 2:
+            raise DataError(
+                f"cannot give {world_size} ranks the same number of batches: {len(batches)} batches of one pair "
+                "each; use fewer devices or more data"
+            )
+        batches[largest : largest + 1] = [pairs[: len(pairs) // 2], pairs[len(pairs) // 2 :]]
+    return batches
+
+
+def padding_efficiency(
+    batches: Iterable[Sequence[int]],
+    source_lengths: Sequence[int] | np.ndarray,
+    target_lengths: Sequence[int] | np.ndarray,
+) -> float:
+    """Real tokens / tokens after padding both sides of each batch to its longest sequence (1.0: no padding)."""
+    source, target = np.asarray(source_lengths), np.asarray(target_lengths)
+    real = padded = 0
+    for batch in batches:
+        indices = np.asarray(batch)
+        real += int(source[indices].sum() + target[indices].sum())
+        padded += len(indices) * int(source[indices].max() + target[indices].max())
+    return real / padded
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader over a `TokenBudgetBatchSampler` whose position in the epoch is saved in checkpoints.
+
+    Lightning saves `state_dict()` of a training DataLoader that has one and calls `load_state_dict()` before
+    iterating again, so a run resumed from a mid-epoch checkpoint continues with the next unseen batch. Batches are
+    counted as they reach the training loop, not as the sampler hands them to workers (which prefetch ahead).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._epoch = 0
+        self._batches_done = 0
+        self._resume_pending = False
+
+    def __iter__(self) -> Iterator[Any]:
+        sampler = self.batch_sampler
+        # After load_state_dict, continue in the saved epoch; a new epoch (set_epoch) or a plain iteration starts at 0.
+        resume = self._resume_pending and self._epoch == sampler.epoch
+        self._resume_pending = False
+        self._epoch, self._batches_done = sampler.epoch, self._batches_done if resume else 0
+        sampler.resume_at(self._batches_done)
+        for batch in super().__iter__():
+            self._batches_done += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self._epoch, "batches_done": self._batches_done}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._epoch, self._batches_done = state["epoch"], state["batches_done"]
+        self.batch_sampler.set_epoch(self._epoch)
+        self._resume_pending = True
+
+
+@dataclass(frozen=True)
+class TranslationCollator:
+    """Pads a list of tokenized rows into the batch dict the model takes.
+
+    `input_ids`/`attention_mask` [B, S] and `labels` [B, T] (-100 at padding), right-padded to the longest row;
+    sequences longer than the position limits are cut, keeping their final `</s>`. Rows that carry
+    `source_text`/`target_text` (evaluation) pass them on as lists of strings in the same order.
+    """
+
+    pad_token_id: int
+    max_source_positions: int
+    max_target_positions: int
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        sources = [_truncate(row["input_ids"], self.max_source_positions) for row in rows]
+        targets = [_truncate(row["labels"], self.max_target_positions) for row in rows]
+        input_ids = _pad(sources, self.pad_token_id)
+        lengths = torch.tensor([len(ids) for ids in sources])
+        batch = {
+            "input_ids": input_ids,
+            "attention_mask": (torch.arange(input_ids.shape[1]) < lengths[:, None]).long(),
+            "labels": _pad(targets, -100),
+        }
+        if "source_text" in rows[0]:
+            batch["source_text"] = [row["source_text"] for row in rows]
+            batch["target_text"] = [row["target_text"] for row in rows]
+        return batch
+
+
+def _truncate(ids: list[int], limit: int) -> list[int]:
+    return ids if len(ids) <= limit else ids[: limit - 1] + ids[-1:]
+
+
+def _pad(sequences: list[list[int]], value: int) -> torch.Tensor:
+    padded = torch.full((len(sequences), max(len(ids) for ids in sequences)), value, dtype=torch.long)
+    for row, ids in zip(padded, sequences, strict=True):
+        row[: len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return padded

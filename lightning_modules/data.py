@@ -1,0 +1,245 @@
+"""`TranslationDataModule`: parallel text from any source -> tokenized, filtered, token-budget batches."""
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch.distributed as dist
+from datasets import Dataset
+from datasets.fingerprint import Hasher
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
+from transformers import PreTrainedTokenizerFast
+
+from .batching import ResumableDataLoader, TokenBudgetBatchSampler, TranslationCollator
+from .errors import DataError
+from .sources import load_split, to_pairs
+from .synthetic import SOURCE_LANG, TARGET_LANG, synthetic_splits
+from .tokenization import (
+    has_saved_tokenizer,
+    load_tokenizer,
+    save_tokenizer,
+    sentence_batches,
+    tokenizer_fingerprint,
+    train_bpe_tokenizer,
+)
+
+# Below this many rows per process, starting tokenizer processes costs more than it saves.
+_ROWS_PER_TOKENIZER_PROCESS = 50_000
+_ROLES_OF_STAGE = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), "predict": ("test",)}
+
+
+class TranslationDataModule(pl.LightningDataModule):
+    """Batches of translation pairs for the encoder-decoder Transformer.
+
+    `dataset` is "synthetic" (numbers in digits -> English words, languages `digits` and `words`), a folder of
+    `{split}.{lang}[.gz]` text files (Multi30k) or of `{split}.{jsonl,json,tsv,csv,parquet}` files, one such file (a
+    `{split}` placeholder in the path selects the split), or a Hub dataset id with `dataset_config`.
+
+    The tokenizer is ready after `__init__` (LightningCLI links `vocab_size` and the special ids into the model
+    config): `tokenizer` loads an existing one; otherwise a joint BPE vocabulary is trained on the training split,
+    or loaded from `tokenizer_dir` if that already holds one, and saved there (or in the trainer's log dir).
+
+    Training pairs with an empty side or longer than `max_source_positions`/`max_target_positions` tokens are
+    dropped; evaluation pairs are all kept, longer ones cut to the limits. `filter_stats` counts both per split.
+    Batches: `input_ids`, `attention_mask` [B, S]; `labels` [B, T] (-100 at padding); evaluation batches also
+    `source_text` and `target_text`. Train with `Trainer(use_distributed_sampler=False)`: the batch sampler shards.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "synthetic",
+        dataset_config: str | None = None,
+        source_lang: str = SOURCE_LANG,
+        target_lang: str = TARGET_LANG,
+        train_split: str = "train",
+        validation_split: str = "validation",
+        test_split: str = "test",
+        tokenizer: str | None = None,
+        vocab_size: int = 8000,
+        min_frequency: int = 2,
+        tokenizer_dir: str | None = None,
+        max_tokens: int = 4096,
+        max_sentences: int | None = None,
+        eval_max_tokens: int = 8192,
+        max_source_positions: int = 256,
+        max_target_positions: int = 256,
+        num_workers: int = 0,
+        seed: int = 0,
+        synthetic_train_size: int = 20_000,
+        synthetic_eval_size: int = 500,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if source_lang == target_lang:
+            raise DataError(f"source_lang and target_lang are both {source_lang!r}: choose two different languages")
+        if max_tokens < max(max_source_positions, max_target_positions):
+            raise DataError(
+                f"max_tokens={max_tokens} is smaller than max_source_positions={max_source_positions} or "
+                f"max_target_positions={max_target_positions}: the longest allowed pair would not fit in a batch"
+            )
+        self._raw_splits: dict[str, Dataset] = {}
+        self._prepared: dict[str, tuple[Dataset, np.ndarray, np.ndarray]] = {}
+        self.filter_stats: dict[str, dict[str, int]] = {}
+        self.tokenizer: PreTrainedTokenizerFast = self._load_or_train_tokenizer()
+        self.vocab_size = len(self.tokenizer)
+        self.pad_token_id: int = self.tokenizer.pad_token_id
+        self.eos_token_id: int = self.tokenizer.eos_token_id
+        # Tokenizers without a bos token (T5, Marian) start decoding from the pad token.
+        bos_token_id = self.tokenizer.bos_token_id
+        self.bos_token_id: int = self.pad_token_id if bos_token_id is None else bos_token_id
+        self._collator = TranslationCollator(self.pad_token_id, max_source_positions, max_target_positions)
+
+    # ----------------------------------------------------------------------------------------------- tokenizer
+    def _load_or_train_tokenizer(self) -> PreTrainedTokenizerFast:
+        hp = self.hparams
+        if hp.tokenizer is not None:
+            return load_tokenizer(hp.tokenizer)
+        if has_saved_tokenizer(hp.tokenizer_dir):
+            rank_zero_info(f"Loading the tokenizer saved in {hp.tokenizer_dir} (delete it to train a new one)")
+            return load_tokenizer(hp.tokenizer_dir)
+        train = self._raw_split(hp.train_split)
+        batches = sentence_batches(train.iter(batch_size=1000), ("source_text", "target_text"))
+        tokenizer = train_bpe_tokenizer(batches, hp.vocab_size, hp.min_frequency)
+        if hp.tokenizer_dir is not None:
+            save_tokenizer(tokenizer, hp.tokenizer_dir)
+        return tokenizer
+
+    # -------------------------------------------------------------------------------------------------- splits
+    def _split_name(self, role: str) -> str:
+        return self.hparams[f"{role}_split"]
+
+    def _raw_split(self, split: str) -> Dataset:
+        """The pairs of a split as `source_text`/`target_text`, loaded once."""
+        hp = self.hparams
+        if split not in self._raw_splits:
+            if hp.dataset == "synthetic":
+                eval_splits = [hp.validation_split, hp.test_split]
+                splits = synthetic_splits(
+                    hp.train_split, eval_splits, hp.synthetic_train_size, hp.synthetic_eval_size, hp.seed
+                )
+                for name, data in splits.items():
+                    self._raw_splits[name] = to_pairs(data, hp.source_lang, hp.target_lang, origin="the synthetic task")
+            else:
+                self._raw_splits[split] = load_split(
+                    hp.dataset, hp.dataset_config, split, hp.source_lang, hp.target_lang
+                )
+        return self._raw_splits[split]
+
+    def setup(self, stage: str | None = None) -> None:
+        roles = _ROLES_OF_STAGE.get(stage, ("train", "validation", "test"))
+        for role in roles:
+            self._prepare(role)
+        if stage in (None, "fit") and self.hparams.tokenizer is None and self.hparams.tokenizer_dir is None:
+            self._save_tokenizer_with_run()
+
+    def _save_tokenizer_with_run(self) -> None:
+        """Keep the trained tokenizer next to the run's logs and checkpoints so export and reload find it."""
+        trainer = self.trainer
+        if trainer is not None and trainer.is_global_zero and trainer.log_dir is not None:
+            save_tokenizer(self.tokenizer, Path(trainer.log_dir) / "tokenizer")
+
+    def _prepare(self, role: str) -> tuple[Dataset, np.ndarray, np.ndarray]:
+        """Tokenize and filter a split once: (dataset, source lengths, target lengths)."""
+        if role not in self._prepared:
+            split = self._split_name(role)
+            encoded = self._tokenize(self._raw_split(split))
+            self._prepared[role] = self._filter(role, split, encoded)
+        return self._prepared[role]
+
+    def _tokenize(self, pairs: Dataset) -> Dataset:
+        """Token ids, lengths and an emptiness flag per pair; cached by `datasets` under the tokenizer's hash."""
+        num_proc = min(self.hparams.num_workers, len(pairs) // _ROWS_PER_TOKENIZER_PROCESS)
+        return pairs.map(
+            _encode_pairs,
+            batched=True,
+            fn_kwargs={"tokenizer": self.tokenizer},
+            num_proc=num_proc if num_proc > 1 else None,
+            new_fingerprint=Hasher.hash(
+                [pairs._fingerprint, tokenizer_fingerprint(self.tokenizer), _encode_pairs.__name__]
+            ),
+            desc="Tokenizing",
+        )
+
+    def _filter(self, role: str, split: str, encoded: Dataset) -> tuple[Dataset, np.ndarray, np.ndarray]:
+        """Drop (training) or cut (evaluation) pairs over the length limits; count what happens to each pair."""
+        hp = self.hparams
+        columns = encoded.with_format("numpy", columns=["source_length", "target_length", "empty"])[:]
+        source, target, empty = columns["source_length"], columns["target_length"], columns["empty"]
+        too_long = (source > hp.max_source_positions) | (target > hp.max_target_positions)
+        if role == "train":
+            keep = ~empty & ~too_long
+            stats = {"pairs": len(encoded), "kept": int(keep.sum()), "dropped_empty": int(empty.sum())}
+            stats.update(dropped_too_long=int((too_long & ~empty).sum()), truncated=0)
+            if not keep.any():
+                raise DataError(
+                    f"split {split!r}: all {len(encoded)} training pairs were dropped ({stats['dropped_empty']} with "
+                    f"an empty side, {stats['dropped_too_long']} longer than max_source_positions="
+                    f"{hp.max_source_positions}/max_target_positions={hp.max_target_positions} tokens); "
+                    "raise the limits or check source_lang/target_lang"
+                )
+            encoded = encoded.select(np.flatnonzero(keep)).select_columns(["input_ids", "labels"])
+            source, target = source[keep], target[keep]
+        else:
+            stats = {"pairs": len(encoded), "kept": len(encoded), "dropped_empty": 0, "dropped_too_long": 0}
+            stats["truncated"] = int(too_long.sum())
+            encoded = encoded.select_columns(["input_ids", "labels", "source_text", "target_text"])
+        self.filter_stats[role] = stats
+        rank_zero_info(f"{role} split {split!r}: " + ", ".join(f"{key}={value}" for key, value in stats.items()))
+        self._log_filter_stats(role, stats)
+        return encoded, np.minimum(source, hp.max_source_positions), np.minimum(target, hp.max_target_positions)
+
+    def _log_filter_stats(self, role: str, stats: dict[str, int]) -> None:
+        trainer = self.trainer
+        if trainer is not None:
+            for logger in trainer.loggers:
+                logger.log_metrics({f"data/{role}_{key}": value for key, value in stats.items()}, step=0)
+
+    # ------------------------------------------------------------------------------------------------- loaders
+    def _rank_and_world_size(self) -> tuple[int, int]:
+        if self.trainer is not None:
+            return self.trainer.global_rank, self.trainer.world_size
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+
+    def _batch_sampler(self, role: str, max_tokens: int, shuffle: bool) -> TokenBudgetBatchSampler:
+        _, source, target = self._prepare(role)
+        rank, world_size = self._rank_and_world_size()
+        return TokenBudgetBatchSampler(
+            source, target, max_tokens, self.hparams.max_sentences, shuffle, self.hparams.seed, rank, world_size
+        )
+
+    def train_dataloader(self) -> ResumableDataLoader:
+        return self._loader("train", ResumableDataLoader, self.hparams.max_tokens, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("validation", DataLoader, self.hparams.eval_max_tokens, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", DataLoader, self.hparams.eval_max_tokens, shuffle=False)
+
+    def _loader(self, role: str, loader_class: type[DataLoader], max_tokens: int, shuffle: bool) -> DataLoader:
+        workers = self.hparams.num_workers
+        return loader_class(
+            self._prepare(role)[0],
+            batch_sampler=self._batch_sampler(role, max_tokens, shuffle),
+            collate_fn=self._collator,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+        )
+
+
+def _encode_pairs(batch: dict[str, list[str]], tokenizer: PreTrainedTokenizerFast) -> dict[str, list[Any]]:
+    source = tokenizer(batch["source_text"])["input_ids"]
+    target = tokenizer(batch["target_text"])["input_ids"]
+    return {
+        "input_ids": source,
+        "labels": target,
+        "source_length": [len(ids) for ids in source],
+        "target_length": [len(ids) for ids in target],
+        "empty": [
+            not s.strip() or not t.strip() for s, t in zip(batch["source_text"], batch["target_text"], strict=True)
+        ],
+    }

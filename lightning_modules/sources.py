@@ -1,0 +1,204 @@
+"""Read one split of parallel text from any supported source into a dataset of `source_text`/`target_text` pairs.
+
+Sources: a folder of line-aligned text files `{split}.{lang}[.gz]` (the Multi30k layout) or of data files
+`{split}.{jsonl,json,tsv,csv,parquet}[.gz]`; one data file, whose path may hold a `{split}` placeholder; anything else
+goes to `datasets.load_dataset(name, config)`: a Hub dataset id, or a local folder in a layout `datasets` knows.
+Table-like data holds either a `translation: {lang: text}` column or one text column per language.
+"""
+
+import csv
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from datasets import Dataset, Features, Translation, Value, concatenate_datasets, load_dataset
+from datasets.exceptions import DatasetGenerationError
+
+from .errors import DataError
+
+# Builder name and options per file extension. csv/tsv: every field is text ("NA", "null" and blank lines included).
+_TEXT_CSV_OPTIONS = {"keep_default_na": False, "na_filter": False, "skip_blank_lines": False}
+TABLE_FORMATS = {
+    "jsonl": ("json", {}),
+    "json": ("json", {}),
+    "parquet": ("parquet", {}),
+    # Without QUOTE_NONE, a line that starts with a quote swallows the lines after it.
+    "tsv": ("csv", {"sep": "\t", "quoting": csv.QUOTE_NONE, **_TEXT_CSV_OPTIONS}),
+    "csv": ("csv", _TEXT_CSV_OPTIONS),
+}
+_TEXT_FEATURES = Features({"text": Value("string")})
+
+
+def load_split(dataset: str, config: str | None, split: str, source_lang: str, target_lang: str) -> Dataset:
+    """The pairs of one split of `dataset`, as a dataset with the columns `source_text` and `target_text`."""
+    path = Path(dataset)
+    if "{split}" in dataset:
+        return _load_table_file(Path(dataset.replace("{split}", split)), source_lang, target_lang)
+    if path.is_file():
+        return _load_single_file(path, split, source_lang, target_lang)
+    if path.is_dir() and _split_files(path, split):
+        return _load_from_folder(path, split, source_lang, target_lang)
+    return _load_with_datasets(dataset, config, split, source_lang, target_lang)
+
+
+def _load_single_file(path: Path, split: str, source_lang: str, target_lang: str) -> Dataset:
+    # A lone file is a split of its own name (train.jsonl); other splits need the `{split}` placeholder.
+    if path.name.split(".")[0] != split:
+        raise DataError(
+            f"split {split!r}: the dataset is the single file {path}, which holds only the split "
+            f"{path.name.split('.')[0]!r}; give a folder of {{split}}.<ext> files or a path with a {{split}} "
+            f"placeholder (e.g. {path.parent / ('{split}' + ''.join(path.suffixes))})"
+        )
+    return _load_table_file(path, source_lang, target_lang)
+
+
+def _split_files(folder: Path, split: str) -> dict[str, Path]:
+    """The files of `split` in `folder` by what follows the split name: a language or a table format."""
+    files = {}
+    for path in sorted(folder.glob(f"{split}.*")):
+        kind = path.name[len(split) + 1 :].removesuffix(".gz")
+        if path.is_file() and kind and "." not in kind:
+            files[kind] = path
+    return files
+
+
+def _load_from_folder(folder: Path, split: str, source_lang: str, target_lang: str) -> Dataset:
+    files = _split_files(folder, split)
+    if not files:
+        raise DataError(
+            f"split {split!r} not found: looked for {folder}/{split}.<lang>[.gz] (one text file per language) and "
+            f"{folder}/{split}.<{','.join(TABLE_FORMATS)}>[.gz]; splits present: {_splits_in(folder) or 'none'}. "
+            "Set train_split/validation_split/test_split to the names of the files"
+        )
+    tables = [path for kind, path in files.items() if kind in TABLE_FORMATS]
+    if tables:
+        return _load_table_file(tables[0], source_lang, target_lang)
+    for lang in (source_lang, target_lang):
+        if lang not in files:
+            raise DataError(
+                f"language {lang!r} not in the data: looked for {folder}/{split}.{lang}[.gz]; languages present for "
+                f"split {split!r}: {', '.join(files)}. Choose source_lang/target_lang among them"
+            )
+    return _load_text_pair(files[source_lang], files[target_lang], source_lang, target_lang)
+
+
+def _splits_in(folder: Path) -> str:
+    return ", ".join(sorted({path.name.split(".")[0] for path in folder.iterdir() if "." in path.name}))
+
+
+def _load_text_pair(source_path: Path, target_path: Path, source_lang: str, target_lang: str) -> Dataset:
+    """Two line-aligned plain-text files as one dataset with a column per language."""
+    source = _load_file("text", source_path, features=_TEXT_FEATURES).rename_column("text", source_lang)
+    target = _load_file("text", target_path, features=_TEXT_FEATURES).rename_column("text", target_lang)
+    if len(source) != len(target):
+        raise DataError(
+            f"{source_path} has {len(source)} lines but {target_path} has {len(target)}: the files of a split must "
+            "be line-aligned (line i of one translates line i of the other); fix or re-export the shorter file"
+        )
+    pairs = concatenate_datasets([source, target], axis=1)
+    return to_pairs(pairs, source_lang, target_lang, origin=f"{source_path} + {target_path}")
+
+
+def _load_table_file(path: Path, source_lang: str, target_lang: str) -> Dataset:
+    kind = path.name.removesuffix(".gz").rsplit(".", 1)[-1]
+    if kind not in TABLE_FORMATS:
+        raise DataError(f"{path}: unknown data file type {kind!r}; use one of {', '.join(TABLE_FORMATS)} (or .gz)")
+    if not path.is_file():
+        raise DataError(f"data file not found: looked for {path}")
+    builder, options = TABLE_FORMATS[kind]
+    return to_pairs(_load_file(builder, path, **options), source_lang, target_lang, origin=str(path), files=[path])
+
+
+def _load_file(builder: str, path: Path, **options) -> Dataset:
+    """One local file through a `datasets` builder, with its failures explained in terms of the file."""
+    try:
+        return load_dataset(builder, data_files=str(path), split="train", **options)
+    except DatasetGenerationError as error:
+        cause = error.__cause__
+        if isinstance(cause, UnicodeDecodeError) and (problem := _undecodable(path)) is not None:
+            raise problem from error
+        if type(cause).__name__ == "SchemaInferenceError":  # no rows to infer columns from
+            raise DataError(f"{path} is empty: a split needs at least one pair") from error
+        raise DataError(f"could not read {path} as {builder}: {cause or error}") from error
+
+
+def _load_with_datasets(dataset: str, config: str | None, split: str, source_lang: str, target_lang: str) -> Dataset:
+    """A Hub dataset (or a local folder in a layout `datasets` infers splits from)."""
+    origin = f"dataset {dataset!r}" + (f" (config {config!r})" if config else "")
+    try:
+        splits = load_dataset(dataset, config)
+    except Exception as error:  # datasets raises many types here; each means the same to the user
+        raise DataError(
+            f"could not load {origin}: not 'synthetic', not a file, not a folder with {split}.<lang>[.gz] or "
+            f"{split}.<{','.join(TABLE_FORMATS)}> files, and `datasets.load_dataset` failed: {error}"
+        ) from error
+    if split not in splits:
+        raise DataError(
+            f"split {split!r} not in {origin}; its splits are {', '.join(splits)}. "
+            "Set train_split/validation_split/test_split to them"
+        )
+    return to_pairs(splits[split], source_lang, target_lang, origin=f"{origin} split {split!r}")
+
+
+def to_pairs(
+    data: Dataset, source_lang: str, target_lang: str, origin: str, files: list[Path] | tuple[Path, ...] = ()
+) -> Dataset:
+    """Select the two languages from a `translation` column or from per-language columns and check the text."""
+    prefix, languages = "", list(data.column_names)
+    feature = data.features.get("translation")
+    if isinstance(feature, Translation | dict):
+        prefix, languages = "translation.", list(feature.languages if isinstance(feature, Translation) else feature)
+        data = data.flatten()
+    for lang in (source_lang, target_lang):
+        if lang not in languages:
+            raise DataError(
+                f"{origin}: language {lang!r} not in the data; languages present: {', '.join(languages)}. "
+                "Choose source_lang/target_lang among them"
+            )
+    columns = {prefix + source_lang: "source_text", prefix + target_lang: "target_text"}
+    data = data.select_columns(list(columns)).rename_columns(columns)
+    if len(data) == 0:
+        raise DataError(f"{origin} is empty: a split needs at least one pair")
+    for column, lang in (("source_text", source_lang), ("target_text", target_lang)):
+        data = _as_text(data, column, lang, origin, files)
+    return data
+
+
+def _as_text(data: Dataset, column: str, lang: str, origin: str, files: list[Path] | tuple[Path, ...]) -> Dataset:
+    """Numbers become text; missing values and bytes that are not UTF-8 are errors."""
+    if data.features[column] != Value("string"):
+        if not isinstance(data.features[column], Value):
+            raise DataError(f"{origin}: field {lang!r} holds {data.features[column]}, not text")
+        data = data.cast_column(column, Value("string"))
+    values = data.data.column(column)
+    if values.null_count:
+        row = int(np.argmax(pc.is_null(values).to_numpy(zero_copy_only=False))) + 1
+        raise DataError(
+            f"{origin}: row {row} has no text for {lang!r} (null or missing field); "
+            f"every row needs both languages: fix the row or remove it"
+        )
+    try:
+        values.validate(full=True)
+    except pa.ArrowInvalid as error:  # the json builder stores undecodable bytes without complaint
+        for path in files:
+            if (problem := _undecodable(path)) is not None:
+                raise problem from error
+        raise DataError(f"{origin}: field {lang!r} holds bytes that are not UTF-8 ({error})") from error
+    return data
+
+
+def _undecodable(path: Path) -> DataError | None:
+    """The error naming the first line of `path` that is not UTF-8, or None if every line decodes."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as lines:
+        for number, line in enumerate(lines, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                return DataError(
+                    f"{path}, line {number}: bytes {line[error.start : error.end]!r} at column {error.start + 1} "
+                    "are not UTF-8; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                )
+    return None

@@ -1,0 +1,80 @@
+"""The tokenizer: load an existing one, or train a joint BPE vocabulary on the training pairs (as in the paper)."""
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from .errors import DataError
+
+# Ids 0..3 in this order: the model config and the collator rely on them.
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+SPECIAL_TOKENS = {"pad_token": PAD, "bos_token": BOS, "eos_token": EOS, "unk_token": UNK}
+
+
+def train_bpe_tokenizer(texts: Iterable[list[str]], vocab_size: int, min_frequency: int) -> PreTrainedTokenizerFast:
+    """Train one BPE vocabulary shared by source and target on batches of sentences.
+
+    NFKC normalisation and a Metaspace pre-tokenizer make `decode(encode(s))` give back `s` for ordinary text.
+    Digits are split one by one so that numbers are spelled out digit by digit (the synthetic task needs it; real
+    text loses little). Encoding appends `</s>` and no `<s>`: the model starts decoding from `<s>` itself.
+    """
+    tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Metaspace(), pre_tokenizers.Digits(individual_digits=True)]
+    )
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[PAD, BOS, EOS, UNK], show_progress=False
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    eos_id = tokenizer.token_to_id(EOS)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"$A {EOS}", pair=f"$A {EOS} $B {EOS}", special_tokens=[(EOS, eos_id)]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **SPECIAL_TOKENS)
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
+    """Load a fast tokenizer from a folder or the Hub; it must define a pad and an eos token."""
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    if not isinstance(tokenizer, PreTrainedTokenizerFast):
+        raise DataError(f"tokenizer {name_or_path!r} has no fast (Rust) version; give a folder with a tokenizer.json")
+    missing = [name for name in ("pad_token", "eos_token") if getattr(tokenizer, name) is None]
+    if missing:
+        raise DataError(
+            f"tokenizer {name_or_path!r} defines no {' and no '.join(missing)}: batches need both; "
+            "add them to its tokenizer_config.json or let the data module train one (tokenizer: null)"
+        )
+    return tokenizer
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, directory: str | Path) -> None:
+    """Save into `directory`, replacing each file atomically: ranks that write the same tokenizer at once are safe."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as staging:
+        for path in tokenizer.save_pretrained(staging):
+            os.replace(path, directory / Path(path).name)
+
+
+def has_saved_tokenizer(directory: str | Path | None) -> bool:
+    return directory is not None and (Path(directory) / "tokenizer.json").is_file()
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerFast) -> str:
+    """A hash of everything that changes the ids a tokenizer produces (vocabulary, merges, pipeline, special tokens)."""
+    state = tokenizer.backend_tokenizer.to_str() + repr(sorted(tokenizer.special_tokens_map.items()))
+    return hashlib.sha256(state.encode()).hexdigest()[:16]
+
+
+def sentence_batches(columns: Iterable[dict[str, list[str]]], names: tuple[str, ...]) -> Iterator[list[str]]:
+    """The sentences of each named column of each batch, for `train_bpe_tokenizer`."""
+    for batch in columns:
+        for name in names:
+            yield batch[name]
