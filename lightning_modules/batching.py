@@ -188,7 +188,7 @@ class TranslationCollator:
 
     `input_ids`/`attention_mask` [B, S] and `labels` [B, T] (-100 at padding), right-padded to the longest row;
     sequences longer than the position limits are cut, keeping their final `</s>`. Rows that carry
-    `source_text`/`target_text` (evaluation) pass them on as lists of strings in the same order.
+    `source_text`/`target_text`/`index` (evaluation) pass them on (strings as lists, indices as a tensor).
     """
 
     pad_token_id: int
@@ -208,6 +208,7 @@ class TranslationCollator:
         if "source_text" in rows[0]:
             batch["source_text"] = [row["source_text"] for row in rows]
             batch["target_text"] = [row["target_text"] for row in rows]
+            batch["index"] = torch.tensor([row["index"] for row in rows])
         return batch
 
 

@@ -33,8 +33,12 @@ class TranslationThroughput(pl.Callback):
         self._peak_flops = get_available_flops(pl_module.device, dtype)
         self._reset()
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: dict,
-                           batch_idx: int) -> None:
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._reset()  # evaluation time is not training throughput
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: dict, batch_idx: int
+    ) -> None:
         labels = batch["labels"]
         target_tokens = int((labels != -100).sum())
         self._target_tokens += target_tokens
@@ -83,6 +87,12 @@ class AutoWandbLogger(WandbLogger):
         if offline is None:
             offline = os.environ.get("WANDB_MODE") == "offline" or not wandb_credentials_found()
         super().__init__(
-            project=project, name=name, save_dir=save_dir, id=id, offline=offline, log_model=log_model and not offline,
-            tags=tags, group=group,
+            project=project,
+            name=name,
+            save_dir=save_dir,
+            id=id,
+            offline=offline,
+            log_model=log_model and not offline,
+            tags=tags,
+            group=group,
         )

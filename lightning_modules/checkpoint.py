@@ -10,6 +10,8 @@ from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline
 
+from .model_card import write_model_card
+
 MODEL_PREFIX = "model."
 
 
@@ -76,10 +78,12 @@ def last_checkpoints(folder: str | Path, count: int) -> list[Path]:
     return chosen
 
 
-def export(checkpoint: dict[str, Any], folder: str | Path) -> Path:
+def export(checkpoint: dict[str, Any], folder: str | Path, **card_info: Any) -> Path:
     """Write the Hugging Face folder: model weights and config with its code (`auto_map`), the translation pipeline,
-    the tokenizer and the generation config."""
+    the tokenizer, the generation config and the model card (`card_info`: the keyword arguments of
+    `write_model_card`, such as `repo_id` and `results`)."""
     folder = Path(folder)
     model = model_from_checkpoint(checkpoint)
     TranslationPipeline(model=model, tokenizer=tokenizer_from_checkpoint(checkpoint)).save_pretrained(folder)
+    write_model_card(folder, checkpoint, **card_info)
     return folder

@@ -1,8 +1,8 @@
 """`hf-transformer`: LightningCLI's fit/validate/test/predict plus `export` and `average`.
 
-    hf-transformer fit --config configs/demo.yaml
-    hf-transformer test --config configs/demo.yaml --ckpt_path runs/demo/checkpoints/last.ckpt
-    hf-transformer export runs/demo/checkpoints/last.ckpt exports/demo [--average 5]
+hf-transformer fit --config configs/demo.yaml
+hf-transformer test --config configs/demo.yaml --ckpt_path runs/demo/checkpoints/last.ckpt
+hf-transformer export runs/demo/checkpoints/last.ckpt exports/demo [--average 5]
 """
 
 import argparse
@@ -14,6 +14,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from .checkpoint import average_checkpoints, export, last_checkpoints, load_checkpoint
 from .data import TranslationDataModule
+from .hub import push_main
 from .module import TranslationModule
 
 
@@ -30,8 +31,9 @@ class TranslationCLI(LightningCLI):
             folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "test_hypotheses.txt").write_text("".join(f"{line}\n" for line in hypotheses))
-            scores = {name: float(value) for name, value in self.trainer.callback_metrics.items()
-                      if name.startswith("test/")}
+            scores = {
+                name: float(value) for name, value in self.trainer.callback_metrics.items() if name.startswith("test/")
+            }
             (folder / "test_scores.json").write_text(json.dumps(scores, indent=2) + "\n")
             print(f"Test hypotheses and scores written to {folder}")
 
@@ -57,13 +59,14 @@ def export_main(argv: list[str]) -> None:
     print(f"Exported to {export(checkpoint, args.folder)}")
 
 
-COMMANDS = {"export": export_main}
+COMMANDS = {"export": export_main, "push": push_main}
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in COMMANDS:
-        COMMANDS[argv[0]](argv[1:])
+    """Entry point of `hf-transformer`; `argv` replaces the command line (for calls from Python)."""
+    words = sys.argv[1:] if argv is None else argv
+    if words and words[0] in COMMANDS:
+        COMMANDS[words[0]](words[1:])
         return
     TranslationCLI(
         TranslationModule,

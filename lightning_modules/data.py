@@ -44,7 +44,8 @@ class TranslationDataModule(pl.LightningDataModule):
     Training pairs with an empty side or longer than `max_source_positions`/`max_target_positions` tokens are
     dropped; evaluation pairs are all kept, longer ones cut to the limits. `filter_stats` counts both per split.
     Batches: `input_ids`, `attention_mask` [B, S]; `labels` [B, T] (-100 at padding); evaluation batches also
-    `source_text` and `target_text`. Train with `Trainer(use_distributed_sampler=False)`: the batch sampler shards.
+    `source_text`, `target_text` and `index` (the pair's position in its split). Train with
+    `Trainer(use_distributed_sampler=False)`: the batch sampler shards.
     """
 
     def __init__(
@@ -57,8 +58,8 @@ class TranslationDataModule(pl.LightningDataModule):
         validation_split: str = "validation",
         test_split: str = "test",
         tokenizer: str | None = None,
-        vocab_size: int = 8000,
-        min_frequency: int = 2,
+        bpe_vocab_size: int = 8000,
+        bpe_min_frequency: int = 2,
         tokenizer_dir: str | None = None,
         max_tokens: int = 4096,
         max_sentences: int | None = None,
@@ -101,7 +102,7 @@ class TranslationDataModule(pl.LightningDataModule):
             return load_tokenizer(hp.tokenizer_dir)
         train = self._raw_split(hp.train_split)
         batches = sentence_batches(train.iter(batch_size=1000), ("source_text", "target_text"))
-        tokenizer = train_bpe_tokenizer(batches, hp.vocab_size, hp.min_frequency)
+        tokenizer = train_bpe_tokenizer(batches, hp.bpe_vocab_size, hp.bpe_min_frequency)
         if hp.tokenizer_dir is not None:
             save_tokenizer(tokenizer, hp.tokenizer_dir)
         return tokenizer
@@ -184,7 +185,9 @@ class TranslationDataModule(pl.LightningDataModule):
         else:
             stats = {"pairs": len(encoded), "kept": len(encoded), "dropped_empty": 0, "dropped_too_long": 0}
             stats["truncated"] = int(too_long.sum())
-            encoded = encoded.select_columns(["input_ids", "labels", "source_text", "target_text"])
+            # `index` is the pair's line in the split, so hypotheses can be written back in the split's order.
+            encoded = encoded.add_column("index", np.arange(len(encoded)))
+            encoded = encoded.select_columns(["input_ids", "labels", "source_text", "target_text", "index"])
         self.filter_stats[role] = stats
         rank_zero_info(f"{role} split {split!r}: " + ", ".join(f"{key}={value}" for key, value in stats.items()))
         self._log_filter_stats(role, stats)

@@ -152,6 +152,14 @@ class TranslationModule(pl.LightningModule):
         self.log("train/target_tokens", float(target_tokens), reduce_fx="sum")
         return loss
 
+    def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
+        states = getattr(self, "_rng_states_to_restore", None)
+        if states:
+            torch.set_rng_state(states["torch_rng_state"])
+            if "cuda_rng_states" in states and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(states["cuda_rng_states"])
+            self._rng_states_to_restore = None
+
     def configure_optimizers(self):
         hparams = self.hparams
         if hparams.lr_schedule == "noam":
@@ -184,8 +192,9 @@ class TranslationModule(pl.LightningModule):
         self.bleu[stage].update(hypotheses, references)
         self.chrf[stage].update(hypotheses, references)
         if stage == "val" and len(self._samples) < self.hparams.num_logged_samples:
-            for source, reference, hypothesis in zip(batch["source_text"], batch["target_text"], hypotheses, strict=True):
-                self._samples.append([source, reference, hypothesis])
+            rows = zip(batch["source_text"], batch["target_text"], hypotheses, strict=True)
+            self._samples.extend([source, reference, hypothesis] for source, reference, hypothesis in rows)
+            del self._samples[self.hparams.num_logged_samples :]  # a batch may hold more rows than are missing
         if stage == "test":
             self._hypotheses.extend(zip(batch["index"].tolist(), hypotheses, strict=True))
 
@@ -195,7 +204,7 @@ class TranslationModule(pl.LightningModule):
         output_ids = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            max_new_tokens=input_ids.shape[1] + self.hparams.max_length_offset,
+            max_length=input_ids.shape[1] + self.hparams.max_length_offset + 1,  # + the decoder start token
         )
         return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)
 
@@ -252,6 +261,15 @@ class TranslationModule(pl.LightningModule):
         if datamodule is not None:
             checkpoint["tokenizer"] = tokenizer_state(datamodule.tokenizer)
 
+        # Dropout masks continue where they were, so a resumed run trains exactly like one that never stopped.
+        checkpoint["torch_rng_state"] = torch.get_rng_state()
+        if torch.cuda.is_available():
+            checkpoint["cuda_rng_states"] = torch.cuda.get_rng_state_all()
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Restored at the first batch, not here: re-creating the data iterator draws from the global RNG in between.
+        self._rng_states_to_restore = {
+            k: checkpoint[k] for k in ("torch_rng_state", "cuda_rng_states") if k in checkpoint
+        }
         if "tokenizer" in checkpoint:
             self._checkpoint_tokenizer = tokenizer_from_checkpoint(checkpoint)

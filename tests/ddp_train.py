@@ -1,0 +1,157 @@
+"""Train a tiny `TranslationModule` for a few steps on fixed batches, each rank on its share of every batch, and save
+the weights. `tests/test_distributed.py` runs it as one process, as two DDP processes (`--devices 2`) and as two
+single-process "nodes" started by `torchrun`, and compares the weights.
+
+    python tests/ddp_train.py OUT.pt [--devices N] [--num-nodes N]
+
+A script rather than a test: `strategy="ddp"` starts the other ranks by re-running `sys.argv`, which inside pytest
+would re-run the whole test session.
+"""
+
+import argparse
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_modules.module import TranslationModule
+
+SEED = 0
+STEPS = 4
+ROWS_PER_BATCH = 8  # divisible by every world size the tests use
+VOCAB_SIZE = 32
+PAD, BOS, EOS = 0, 1, 2
+MAX_SOURCE_LENGTH = 9
+TARGET_LENGTH = 6
+
+
+def tiny_module() -> TranslationModule:
+    """Dropout 0 so that every process computes the same function; label smoothing as in the paper."""
+    return TranslationModule(
+        preset="base",
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        attention_heads=2,
+        ffn_dim=32,
+        dropout=0.0,
+        max_position_embeddings=32,
+        vocab_size=VOCAB_SIZE,
+        pad_token_id=PAD,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        label_smoothing=0.1,
+        lr_schedule="inverse_sqrt",
+        peak_lr=1e-3,
+        warmup_steps=2,
+        # The key projection's bias has a true gradient of zero (softmax ignores a shift shared by all keys), so its
+        # gradient is rounding noise (~1e-9) that differs between one and two processes. Adam with the paper's eps
+        # of 1e-9 would turn that noise into full +-lr steps; with 1e-5 it moves weights by < 1e-6 in all.
+        eps=1e-5,
+    )
+
+
+def global_batches(count: int = STEPS, rows: int = ROWS_PER_BATCH, seed: int = SEED) -> list[dict[str, torch.Tensor]]:
+    """Fixed random batches. Sources have different lengths (padding is masked), but every target has exactly
+    TARGET_LENGTH tokens: the loss is a per-token mean, so only then is the mean of the per-rank losses (what DDP's
+    gradient averaging optimises) the mean over the whole batch."""
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(count):
+        lengths = torch.randint(3, MAX_SOURCE_LENGTH + 1, (rows,), generator=generator)
+        positions = torch.arange(MAX_SOURCE_LENGTH)
+        attention_mask = (positions < lengths[:, None]).long()
+        input_ids = torch.randint(EOS + 1, VOCAB_SIZE, (rows, MAX_SOURCE_LENGTH), generator=generator)
+        input_ids = input_ids.masked_fill(attention_mask == 0, PAD)
+        labels = torch.randint(EOS + 1, VOCAB_SIZE, (rows, TARGET_LENGTH), generator=generator)
+        labels[:, -1] = EOS
+        batches.append({"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels})
+    return batches
+
+
+class RankShare(Dataset):
+    """Item i is this rank's contiguous share of global batch i (rows rank*n/world .. (rank+1)*n/world)."""
+
+    def __init__(self, batches: list[dict[str, torch.Tensor]], rank: int, world_size: int):
+        self.batches, self.rank, self.world_size = batches, rank, world_size
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        batch = self.batches[index]
+        share = len(batch["labels"]) // self.world_size
+        rows = slice(self.rank * share, (self.rank + 1) * share)
+        return {name: tensor[rows] for name, tensor in batch.items()}
+
+
+class SharedBatches(pl.LightningDataModule):
+    """Every rank builds the same global batches and keeps its share; the rank is only known once the trainer has
+    set up the processes, so the loader is built in `train_dataloader`."""
+
+    def train_dataloader(self) -> DataLoader:
+        dataset = RankShare(global_batches(), self.trainer.global_rank, self.trainer.world_size)
+        return DataLoader(dataset, batch_size=None, shuffle=False)  # items are already batches
+
+
+class RecordSources(pl.Callback):
+    """Keeps the source rows every rank trained on, gathered from all ranks at the end of training as a tensor of
+    shape [world size, steps, rows per rank, source length]: the test checks the ranks got disjoint halves."""
+
+    def __init__(self) -> None:
+        self.rows: list[torch.Tensor] = []
+        self.gathered: torch.Tensor | None = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.rows.append(batch["input_ids"].clone())
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        gathered = pl_module.all_gather(torch.stack(self.rows))
+        self.gathered = gathered if trainer.world_size > 1 else gathered[None]
+
+
+def state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().cpu().clone() for name, tensor in module.state_dict().items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="where rank 0 saves the initial and trained weights (torch.save)")
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--num-nodes", type=int, default=1)
+    args = parser.parse_args()
+
+    # One thread per process: the same summation order in every run, and no oversubscribed CPU cores.
+    torch.set_num_threads(1)
+    pl.seed_everything(SEED, verbose=False)
+    module = tiny_module()
+    initial = state(module)
+    distributed = args.devices * args.num_nodes > 1
+    sources = RecordSources()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=args.devices,
+        num_nodes=args.num_nodes,
+        strategy="ddp" if distributed else "auto",  # DDP on CPU uses gloo
+        max_steps=STEPS,
+        use_distributed_sampler=False,  # the data module shards itself
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[sources],
+    )
+    trainer.fit(module, datamodule=SharedBatches())
+    if trainer.is_global_zero:
+        result = {
+            "world_size": trainer.world_size,
+            "steps": trainer.global_step,
+            "sources": sources.gathered,
+            "initial": initial,
+            "trained": state(module),
+        }
+        torch.save(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
