@@ -136,9 +136,11 @@ class TranslationDataModule(pl.LightningDataModule):
 
     def _save_tokenizer_with_run(self) -> None:
         """Keep the trained tokenizer next to the run's logs and checkpoints so export and reload find it."""
-        trainer = self.trainer
-        if trainer is not None and trainer.is_global_zero and trainer.log_dir is not None:
-            save_tokenizer(self.tokenizer, Path(trainer.log_dir) / "tokenizer")
+        if self.trainer is None:
+            return
+        log_dir = self.trainer.log_dir  # a broadcast from rank 0: every rank must ask, or DDP hangs
+        if self.trainer.is_global_zero and log_dir is not None:
+            save_tokenizer(self.tokenizer, Path(log_dir) / "tokenizer")
 
     def _prepare(self, role: str) -> tuple[Dataset, np.ndarray, np.ndarray]:
         """Tokenize and filter a split once: (dataset, source lengths, target lengths)."""

@@ -9,6 +9,7 @@ Table-like data holds either a `translation: {lang: text}` column or one text co
 import csv
 import gzip
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -38,7 +39,7 @@ def load_split(dataset: str, config: str | None, split: str, source_lang: str, t
         return _load_table_file(Path(dataset.replace("{split}", split)), source_lang, target_lang)
     if path.is_file():
         return _load_single_file(path, split, source_lang, target_lang)
-    if path.is_dir() and _split_files(path, split):
+    if path.is_dir() and _has_top_level_files(path):
         return _load_from_folder(path, split, source_lang, target_lang)
     return _load_with_datasets(dataset, config, split, source_lang, target_lang)
 
@@ -52,6 +53,13 @@ def _load_single_file(path: Path, split: str, source_lang: str, target_lang: str
             f"placeholder (e.g. {path.parent / ('{split}' + ''.join(path.suffixes))})"
         )
     return _load_table_file(path, source_lang, target_lang)
+
+
+def _has_top_level_files(folder: Path) -> bool:
+    """Our flat layout puts data files at the top; a `datasets` folder has only its README.md there, data below."""
+    return any(
+        path.is_file() and path.name != "README.md" and not path.name.startswith(".") for path in folder.iterdir()
+    )
 
 
 def _split_files(folder: Path, split: str) -> dict[str, Path]:
@@ -113,14 +121,15 @@ def _load_table_file(path: Path, source_lang: str, target_lang: str) -> Dataset:
 
 def _load_file(builder: str, path: Path, **options) -> Dataset:
     """One local file through a `datasets` builder, with its failures explained in terms of the file."""
+    with _open_binary(path) as file:
+        if not file.read(1):
+            raise DataError(f"{path} is empty: a split needs at least one pair")
     try:
         return load_dataset(builder, data_files=str(path), split="train", **options)
     except DatasetGenerationError as error:
         cause = error.__cause__
         if isinstance(cause, UnicodeDecodeError) and (problem := _undecodable(path)) is not None:
             raise problem from error
-        if type(cause).__name__ == "SchemaInferenceError":  # no rows to infer columns from
-            raise DataError(f"{path} is empty: a split needs at least one pair") from error
         raise DataError(f"could not read {path} as {builder}: {cause or error}") from error
 
 
@@ -191,8 +200,7 @@ def _as_text(data: Dataset, column: str, lang: str, origin: str, files: list[Pat
 
 def _undecodable(path: Path) -> DataError | None:
     """The error naming the first line of `path` that is not UTF-8, or None if every line decodes."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as lines:
+    with _open_binary(path) as lines:
         for number, line in enumerate(lines, start=1):
             try:
                 line.decode("utf-8")
@@ -202,3 +210,7 @@ def _undecodable(path: Path) -> DataError | None:
                     "are not UTF-8; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
                 )
     return None
+
+
+def _open_binary(path: Path) -> BinaryIO:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
