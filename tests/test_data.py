@@ -316,6 +316,19 @@ def test_ddp_ranks_train_on_disjoint_equal_shares(tmp_path):
         assert sorted(indices) == list(range(SMALL["synthetic_train_size"]))
 
 
+def test_rank_and_world_size_come_from_the_trainer(synthetic):
+    ddp = {"accelerator": "cpu", "devices": 2, "strategy": "ddp_spawn", "logger": False}
+    try:
+        synthetic.trainer = pl.Trainer(use_distributed_sampler=False, **ddp)
+        sampler = synthetic.train_dataloader().batch_sampler
+        assert (sampler.rank, sampler.world_size) == (0, 2)
+        synthetic.trainer = pl.Trainer(**ddp)
+        with pytest.raises(DataError, match="use_distributed_sampler=False"):
+            synthetic.train_dataloader()
+    finally:
+        synthetic.trainer = None
+
+
 # ------------------------------------------------------------------------------------------------------- sources
 @pytest.mark.parametrize("suffix", ["", ".gz"])
 def test_folder_of_text_files_with_split_names_mapped(tmp_path, suffix):
