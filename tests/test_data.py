@@ -119,6 +119,15 @@ def test_synthetic_task_is_deterministic_and_evaluates_on_unseen_long_numbers():
     assert not [n for n in first["validation"]["digits"] if len(n) >= 4 and n in seen]
 
 
+def test_synthetic_task_runs_in_either_direction():
+    dm = TranslationDataModule(source_lang="words", target_lang="digits", **SMALL)
+    batch = next(iter(dm.val_dataloader()))
+    pairs = zip(batch["source_text"], batch["target_text"], strict=True)
+    assert all(number_to_words(int(digits)) == words for words, digits in pairs)
+    with pytest.raises(DataError, match="language 'fr' not in the data; languages present: digits, words"):
+        TranslationDataModule(target_lang="fr", **SMALL)
+
+
 # ------------------------------------------------------------------------------------------------------ tokenizer
 def test_tokenizer_and_special_ids_exist_right_after_init():
     dm = TranslationDataModule(**SMALL)
