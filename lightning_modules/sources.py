@@ -21,7 +21,7 @@ from .errors import DataError
 
 # Builder name and options per file extension. csv/tsv: every field is text ("NA", "null" and blank lines included).
 _TEXT_CSV_OPTIONS = {"keep_default_na": False, "na_filter": False, "skip_blank_lines": False}
-TABLE_FORMATS = {
+_TABLE_FORMATS = {
     "jsonl": ("json", {}),
     "json": ("json", {}),
     "parquet": ("parquet", {}),
@@ -77,10 +77,10 @@ def _load_from_folder(folder: Path, split: str, source_lang: str, target_lang: s
     if not files:
         raise DataError(
             f"split {split!r} not found: looked for {folder}/{split}.<lang>[.gz] (one text file per language) and "
-            f"{folder}/{split}.<{','.join(TABLE_FORMATS)}>[.gz]; splits present: {_splits_in(folder) or 'none'}. "
+            f"{folder}/{split}.<{','.join(_TABLE_FORMATS)}>[.gz]; splits present: {_splits_in(folder) or 'none'}. "
             "Set train_split/validation_split/test_split to the names of the files"
         )
-    tables = [path for kind, path in files.items() if kind in TABLE_FORMATS]
+    tables = [path for kind, path in files.items() if kind in _TABLE_FORMATS]
     if tables:
         return _load_table_file(tables[0], source_lang, target_lang)
     for lang in (source_lang, target_lang):
@@ -111,11 +111,11 @@ def _load_text_pair(source_path: Path, target_path: Path, source_lang: str, targ
 
 def _load_table_file(path: Path, source_lang: str, target_lang: str) -> Dataset:
     kind = path.name.removesuffix(".gz").rsplit(".", 1)[-1]
-    if kind not in TABLE_FORMATS:
-        raise DataError(f"{path}: unknown data file type {kind!r}; use one of {', '.join(TABLE_FORMATS)} (or .gz)")
+    if kind not in _TABLE_FORMATS:
+        raise DataError(f"{path}: unknown data file type {kind!r}; use one of {', '.join(_TABLE_FORMATS)} (or .gz)")
     if not path.is_file():
         raise DataError(f"data file not found: looked for {path}")
-    builder, options = TABLE_FORMATS[kind]
+    builder, options = _TABLE_FORMATS[kind]
     return to_pairs(_load_file(builder, path, **options), source_lang, target_lang, origin=str(path), files=[path])
 
 
@@ -141,7 +141,7 @@ def _load_with_datasets(dataset: str, config: str | None, split: str, source_lan
     except Exception as error:  # datasets raises many types here; each means the same to the user
         raise DataError(
             f"could not load {origin}: not 'synthetic', not a file, not a folder with {split}.<lang>[.gz] or "
-            f"{split}.<{','.join(TABLE_FORMATS)}> files, and `datasets.load_dataset` failed: {error}"
+            f"{split}.<{','.join(_TABLE_FORMATS)}> files, and `datasets.load_dataset` failed: {error}"
         ) from error
     if split not in splits:
         raise DataError(

@@ -449,6 +449,8 @@ def test_missing_file_says_what_was_looked_for(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", [{"en": "a", "de": "b"}])
     with pytest.raises(DataError, match=r"data file not found: looked for .*validation\.jsonl"):
         local_module(tmp_path / "{split}.jsonl")
+    with pytest.raises(DataError, match=r"holds only the split 'train'; .* placeholder \(e\.g\. .*/\{split\}\.jsonl\)"):
+        local_module(tmp_path / "train.jsonl")
 
 
 def test_language_not_in_text_folder_lists_those_present(tmp_path):
