@@ -20,7 +20,6 @@ from .tokenization import (
     has_saved_tokenizer,
     load_tokenizer,
     save_tokenizer,
-    sentence_batches,
     tokenizer_fingerprint,
     train_bpe_tokenizer,
 )
@@ -101,9 +100,9 @@ class TranslationDataModule(pl.LightningDataModule):
         if has_saved_tokenizer(hp.tokenizer_dir):
             rank_zero_info(f"Loading the tokenizer saved in {hp.tokenizer_dir} (delete it to train a new one)")
             return load_tokenizer(hp.tokenizer_dir)
-        train = self._raw_split(hp.train_split)
-        batches = sentence_batches(train.iter(batch_size=1000), ("source_text", "target_text"))
-        tokenizer = train_bpe_tokenizer(batches, hp.vocab_size, hp.min_frequency)
+        rows = self._raw_split(hp.train_split).iter(batch_size=1000)
+        sentences = (batch[side] for batch in rows for side in ("source_text", "target_text"))
+        tokenizer = train_bpe_tokenizer(sentences, hp.vocab_size, hp.min_frequency)
         if hp.tokenizer_dir is not None:
             save_tokenizer(tokenizer, hp.tokenizer_dir)
         return tokenizer
