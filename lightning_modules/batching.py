@@ -70,12 +70,11 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         return self._cached_plan[1]
 
     def resume_at(self, batch: int) -> None:
-        """Start the next iteration at this rank's batch number `batch` of the current epoch."""
+        """Start iterations at this rank's batch number `batch` of the epoch (0: from the beginning)."""
         self._start = batch
 
     def __iter__(self) -> Iterator[list[int]]:
-        start, self._start = self._start, 0
-        return iter(self.plan()[self.rank + start * self.world_size :: self.world_size])
+        return iter(self.plan()[self.rank + self._start * self.world_size :: self.world_size])
 
     def __len__(self) -> int:
         return len(self.plan()) // self.world_size
@@ -169,7 +168,10 @@ class ResumableDataLoader(DataLoader):
         self._resume_pending = False
         self._epoch, self._batches_done = sampler.epoch, self._batches_done if resume else 0
         sampler.resume_at(self._batches_done)
-        for batch in super().__iter__():
+        # Creating the iterator draws from the sampler (twice with workers); later iterations start from 0 again.
+        batches = super().__iter__()
+        sampler.resume_at(0)
+        for batch in batches:
             self._batches_done += 1
             yield batch
 

@@ -20,13 +20,14 @@ from .tokenization import (
     has_saved_tokenizer,
     load_tokenizer,
     save_tokenizer,
-    sentence_batches,
     tokenizer_fingerprint,
     train_bpe_tokenizer,
 )
 
 # Below this many rows per process, starting tokenizer processes costs more than it saves.
 _ROWS_PER_TOKENIZER_PROCESS = 50_000
+# Part of the tokenized data's cache key: change it whenever `_encode_pairs` changes.
+_ENCODING = "encode_pairs-v1"
 _ROLES_OF_STAGE = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), "predict": ("test",)}
 
 
@@ -100,9 +101,9 @@ class TranslationDataModule(pl.LightningDataModule):
         if has_saved_tokenizer(hp.tokenizer_dir):
             rank_zero_info(f"Loading the tokenizer saved in {hp.tokenizer_dir} (delete it to train a new one)")
             return load_tokenizer(hp.tokenizer_dir)
-        train = self._raw_split(hp.train_split)
-        batches = sentence_batches(train.iter(batch_size=1000), ("source_text", "target_text"))
-        tokenizer = train_bpe_tokenizer(batches, hp.bpe_vocab_size, hp.bpe_min_frequency)
+        rows = self._raw_split(hp.train_split).iter(batch_size=1000)
+        sentences = (batch[side] for batch in rows for side in ("source_text", "target_text"))
+        tokenizer = train_bpe_tokenizer(sentences, hp.bpe_vocab_size, hp.bpe_min_frequency)
         if hp.tokenizer_dir is not None:
             save_tokenizer(tokenizer, hp.tokenizer_dir)
         return tokenizer
@@ -137,9 +138,11 @@ class TranslationDataModule(pl.LightningDataModule):
 
     def _save_tokenizer_with_run(self) -> None:
         """Keep the trained tokenizer next to the run's logs and checkpoints so export and reload find it."""
-        trainer = self.trainer
-        if trainer is not None and trainer.is_global_zero and trainer.log_dir is not None:
-            save_tokenizer(self.tokenizer, Path(trainer.log_dir) / "tokenizer")
+        if self.trainer is None:
+            return
+        log_dir = self.trainer.log_dir  # a broadcast from rank 0: every rank must ask, or DDP hangs
+        if self.trainer.is_global_zero and log_dir is not None:
+            save_tokenizer(self.tokenizer, Path(log_dir) / "tokenizer")
 
     def _prepare(self, role: str) -> tuple[Dataset, np.ndarray, np.ndarray]:
         """Tokenize and filter a split once: (dataset, source lengths, target lengths)."""
@@ -157,9 +160,7 @@ class TranslationDataModule(pl.LightningDataModule):
             batched=True,
             fn_kwargs={"tokenizer": self.tokenizer},
             num_proc=num_proc if num_proc > 1 else None,
-            new_fingerprint=Hasher.hash(
-                [pairs._fingerprint, tokenizer_fingerprint(self.tokenizer), _encode_pairs.__name__]
-            ),
+            new_fingerprint=Hasher.hash([pairs._fingerprint, tokenizer_fingerprint(self.tokenizer), _ENCODING]),
             desc="Tokenizing",
         )
 
@@ -169,39 +170,49 @@ class TranslationDataModule(pl.LightningDataModule):
         columns = encoded.with_format("numpy", columns=["source_length", "target_length", "empty"])[:]
         source, target, empty = columns["source_length"], columns["target_length"], columns["empty"]
         too_long = (source > hp.max_source_positions) | (target > hp.max_target_positions)
-        if role == "train":
-            keep = ~empty & ~too_long
-            stats = {"pairs": len(encoded), "kept": int(keep.sum()), "dropped_empty": int(empty.sum())}
-            stats.update(dropped_too_long=int((too_long & ~empty).sum()), truncated=0)
-            if not keep.any():
-                raise DataError(
-                    f"split {split!r}: all {len(encoded)} training pairs were dropped ({stats['dropped_empty']} with "
-                    f"an empty side, {stats['dropped_too_long']} longer than max_source_positions="
-                    f"{hp.max_source_positions}/max_target_positions={hp.max_target_positions} tokens); "
-                    "raise the limits or check source_lang/target_lang"
-                )
+        training = role == "train"
+        keep = ~(empty | too_long) if training else np.ones_like(empty)
+        stats = {
+            "pairs": len(encoded),
+            "kept": int(keep.sum()),
+            "dropped_empty": int(empty.sum()) if training else 0,
+            "dropped_too_long": int((too_long & ~empty).sum()) if training else 0,
+            "truncated": 0 if training else int(too_long.sum()),
+        }
+        if not keep.any():
+            raise DataError(
+                f"split {split!r}: all {len(encoded)} training pairs were dropped ({stats['dropped_empty']} with an "
+                f"empty side, {stats['dropped_too_long']} longer than max_source_positions={hp.max_source_positions}"
+                f"/max_target_positions={hp.max_target_positions} tokens); raise the limits or check the languages"
+            )
+        if training:  # the raw text is only needed to score translations
             encoded = encoded.select(np.flatnonzero(keep)).select_columns(["input_ids", "labels"])
-            source, target = source[keep], target[keep]
         else:
-            stats = {"pairs": len(encoded), "kept": len(encoded), "dropped_empty": 0, "dropped_too_long": 0}
-            stats["truncated"] = int(too_long.sum())
             # `index` is the pair's line in the split, so hypotheses can be written back in the split's order.
             encoded = encoded.add_column("index", np.arange(len(encoded)))
             encoded = encoded.select_columns(["input_ids", "labels", "source_text", "target_text", "index"])
         self.filter_stats[role] = stats
         rank_zero_info(f"{role} split {split!r}: " + ", ".join(f"{key}={value}" for key, value in stats.items()))
         self._log_filter_stats(role, stats)
-        return encoded, np.minimum(source, hp.max_source_positions), np.minimum(target, hp.max_target_positions)
+        lengths = np.minimum(source[keep], hp.max_source_positions), np.minimum(target[keep], hp.max_target_positions)
+        return encoded, *lengths
 
     def _log_filter_stats(self, role: str, stats: dict[str, int]) -> None:
         trainer = self.trainer
         if trainer is not None:
             for logger in trainer.loggers:
-                logger.log_metrics({f"data/{role}_{key}": value for key, value in stats.items()}, step=0)
+                metrics = {f"data/{role}_{key}": value for key, value in stats.items()}
+                logger.log_metrics(metrics, step=trainer.global_step)
 
     # ------------------------------------------------------------------------------------------------- loaders
     def _rank_and_world_size(self) -> tuple[int, int]:
         if self.trainer is not None:
+            # Lightning would try to wrap our batch sampler in a DistributedSampler and fail with a puzzling error.
+            if self.trainer.world_size > 1 and self.trainer._accelerator_connector.use_distributed_sampler:
+                raise DataError(
+                    "the data module shards batches over the ranks itself: create the Trainer with "
+                    "use_distributed_sampler=False (the project's CLI does)"
+                )
             return self.trainer.global_rank, self.trainer.world_size
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank(), dist.get_world_size()
@@ -211,7 +222,14 @@ class TranslationDataModule(pl.LightningDataModule):
         _, source, target = self._prepare(role)
         rank, world_size = self._rank_and_world_size()
         return TokenBudgetBatchSampler(
-            source, target, max_tokens, self.hparams.max_sentences, shuffle, self.hparams.seed, rank, world_size
+            source,
+            target,
+            max_tokens,
+            max_sentences=self.hparams.max_sentences,
+            shuffle=shuffle,
+            seed=self.hparams.seed,
+            rank=rank,
+            world_size=world_size,
         )
 
     def train_dataloader(self) -> ResumableDataLoader:

@@ -9,6 +9,7 @@ Table-like data holds either a `translation: {lang: text}` column or one text co
 import csv
 import gzip
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +21,7 @@ from .errors import DataError
 
 # Builder name and options per file extension. csv/tsv: every field is text ("NA", "null" and blank lines included).
 _TEXT_CSV_OPTIONS = {"keep_default_na": False, "na_filter": False, "skip_blank_lines": False}
-TABLE_FORMATS = {
+_TABLE_FORMATS = {
     "jsonl": ("json", {}),
     "json": ("json", {}),
     "parquet": ("parquet", {}),
@@ -38,7 +39,7 @@ def load_split(dataset: str, config: str | None, split: str, source_lang: str, t
         return _load_table_file(Path(dataset.replace("{split}", split)), source_lang, target_lang)
     if path.is_file():
         return _load_single_file(path, split, source_lang, target_lang)
-    if path.is_dir() and _split_files(path, split):
+    if path.is_dir() and _has_top_level_files(path):
         return _load_from_folder(path, split, source_lang, target_lang)
     return _load_with_datasets(dataset, config, split, source_lang, target_lang)
 
@@ -52,6 +53,13 @@ def _load_single_file(path: Path, split: str, source_lang: str, target_lang: str
             f"placeholder (e.g. {path.parent / ('{split}' + ''.join(path.suffixes))})"
         )
     return _load_table_file(path, source_lang, target_lang)
+
+
+def _has_top_level_files(folder: Path) -> bool:
+    """Our flat layout puts data files at the top; a `datasets` folder has only its README.md there, data below."""
+    return any(
+        path.is_file() and path.name != "README.md" and not path.name.startswith(".") for path in folder.iterdir()
+    )
 
 
 def _split_files(folder: Path, split: str) -> dict[str, Path]:
@@ -69,10 +77,10 @@ def _load_from_folder(folder: Path, split: str, source_lang: str, target_lang: s
     if not files:
         raise DataError(
             f"split {split!r} not found: looked for {folder}/{split}.<lang>[.gz] (one text file per language) and "
-            f"{folder}/{split}.<{','.join(TABLE_FORMATS)}>[.gz]; splits present: {_splits_in(folder) or 'none'}. "
+            f"{folder}/{split}.<{','.join(_TABLE_FORMATS)}>[.gz]; splits present: {_splits_in(folder) or 'none'}. "
             "Set train_split/validation_split/test_split to the names of the files"
         )
-    tables = [path for kind, path in files.items() if kind in TABLE_FORMATS]
+    tables = [path for kind, path in files.items() if kind in _TABLE_FORMATS]
     if tables:
         return _load_table_file(tables[0], source_lang, target_lang)
     for lang in (source_lang, target_lang):
@@ -103,24 +111,25 @@ def _load_text_pair(source_path: Path, target_path: Path, source_lang: str, targ
 
 def _load_table_file(path: Path, source_lang: str, target_lang: str) -> Dataset:
     kind = path.name.removesuffix(".gz").rsplit(".", 1)[-1]
-    if kind not in TABLE_FORMATS:
-        raise DataError(f"{path}: unknown data file type {kind!r}; use one of {', '.join(TABLE_FORMATS)} (or .gz)")
+    if kind not in _TABLE_FORMATS:
+        raise DataError(f"{path}: unknown data file type {kind!r}; use one of {', '.join(_TABLE_FORMATS)} (or .gz)")
     if not path.is_file():
         raise DataError(f"data file not found: looked for {path}")
-    builder, options = TABLE_FORMATS[kind]
+    builder, options = _TABLE_FORMATS[kind]
     return to_pairs(_load_file(builder, path, **options), source_lang, target_lang, origin=str(path), files=[path])
 
 
 def _load_file(builder: str, path: Path, **options) -> Dataset:
     """One local file through a `datasets` builder, with its failures explained in terms of the file."""
+    with _open_binary(path) as file:
+        if not file.read(1):
+            raise DataError(f"{path} is empty: a split needs at least one pair")
     try:
         return load_dataset(builder, data_files=str(path), split="train", **options)
     except DatasetGenerationError as error:
         cause = error.__cause__
         if isinstance(cause, UnicodeDecodeError) and (problem := _undecodable(path)) is not None:
             raise problem from error
-        if type(cause).__name__ == "SchemaInferenceError":  # no rows to infer columns from
-            raise DataError(f"{path} is empty: a split needs at least one pair") from error
         raise DataError(f"could not read {path} as {builder}: {cause or error}") from error
 
 
@@ -132,7 +141,7 @@ def _load_with_datasets(dataset: str, config: str | None, split: str, source_lan
     except Exception as error:  # datasets raises many types here; each means the same to the user
         raise DataError(
             f"could not load {origin}: not 'synthetic', not a file, not a folder with {split}.<lang>[.gz] or "
-            f"{split}.<{','.join(TABLE_FORMATS)}> files, and `datasets.load_dataset` failed: {error}"
+            f"{split}.<{','.join(_TABLE_FORMATS)}> files, and `datasets.load_dataset` failed: {error}"
         ) from error
     if split not in splits:
         raise DataError(
@@ -191,8 +200,7 @@ def _as_text(data: Dataset, column: str, lang: str, origin: str, files: list[Pat
 
 def _undecodable(path: Path) -> DataError | None:
     """The error naming the first line of `path` that is not UTF-8, or None if every line decodes."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as lines:
+    with _open_binary(path) as lines:
         for number, line in enumerate(lines, start=1):
             try:
                 line.decode("utf-8")
@@ -202,3 +210,7 @@ def _undecodable(path: Path) -> DataError | None:
                     "are not UTF-8; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
                 )
     return None
+
+
+def _open_binary(path: Path) -> BinaryIO:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")

@@ -3,7 +3,7 @@
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -71,10 +71,3 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerFast) -> str:
     """A hash of everything that changes the ids a tokenizer produces (vocabulary, merges, pipeline, special tokens)."""
     state = tokenizer.backend_tokenizer.to_str() + repr(sorted(tokenizer.special_tokens_map.items()))
     return hashlib.sha256(state.encode()).hexdigest()[:16]
-
-
-def sentence_batches(columns: Iterable[dict[str, list[str]]], names: tuple[str, ...]) -> Iterator[list[str]]:
-    """The sentences of each named column of each batch, for `train_bpe_tokenizer`."""
-    for batch in columns:
-        for name in names:
-            yield batch[name]

@@ -83,16 +83,18 @@ def test_padding_efficiency_counts_both_sides():
     assert padding_efficiency([[0, 1]], [2, 4], [3, 3]) == pytest.approx((2 + 4 + 3 + 3) / (2 * 4 + 2 * 3))
 
 
-def loader_over(lengths: np.ndarray, **sampler_args) -> ResumableDataLoader:
+def loader_over(lengths: np.ndarray, num_workers: int = 0, **sampler_args) -> ResumableDataLoader:
     """A loader whose batches are the index lists themselves."""
     sampler = TokenBudgetBatchSampler(lengths, lengths, 60, **sampler_args)
-    return ResumableDataLoader(list(range(len(lengths))), batch_sampler=sampler, collate_fn=list)
+    return ResumableDataLoader(
+        list(range(len(lengths))), batch_sampler=sampler, collate_fn=list, num_workers=num_workers
+    )
 
 
-@pytest.mark.parametrize("epoch", [0, 2])
-def test_loader_resumes_with_the_next_unseen_batch(epoch):
+@pytest.mark.parametrize(("epoch", "num_workers"), [(0, 0), (2, 0), (2, 2)])
+def test_loader_resumes_with_the_next_unseen_batch(epoch, num_workers):
     lengths = random_lengths(300)[0]
-    loader = loader_over(lengths, seed=3)
+    loader = loader_over(lengths, num_workers, seed=3)
     loader.batch_sampler.set_epoch(epoch)
     full = list(loader)
     seen = []
@@ -103,7 +105,7 @@ def test_loader_resumes_with_the_next_unseen_batch(epoch):
     state = loader.state_dict()
     assert state == {"epoch": epoch, "batches_done": 4}
 
-    resumed = loader_over(lengths, seed=3)
+    resumed = loader_over(lengths, num_workers, seed=3)
     resumed.load_state_dict(state)
     resumed.batch_sampler.set_epoch(epoch)  # Lightning sets the same epoch again before iterating
     assert seen + list(resumed) == full

@@ -1,0 +1,493 @@
+"""TranslationDataModule on the synthetic task, on local files of each layout and, via MULTI30K_DIR, on Multi30k."""
+
+import csv
+import gzip
+import json
+import logging
+import os
+import unicodedata
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import datasets
+import huggingface_hub.constants
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_modules import TranslationDataModule
+from lightning_modules.batching import padding_efficiency
+from lightning_modules.errors import DataError
+from lightning_modules.synthetic import number_to_words, synthetic_splits
+
+SMALL = {"synthetic_train_size": 2000, "synthetic_eval_size": 200, "max_tokens": 512, "eval_max_tokens": 512}
+MULTI30K = {"source_lang": "en", "target_lang": "de", "validation_split": "val", "test_split": "test_2016_flickr"}
+
+
+def use_offline_cache(patch: pytest.MonkeyPatch, cache: Path) -> None:
+    """A private datasets cache and no network; `datasets` read both settings at import, so patch its config too."""
+    patch.setenv("HF_DATASETS_CACHE", str(cache))
+    patch.setenv("HF_HUB_OFFLINE", "1")
+    patch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    patch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture(autouse=True)
+def offline_cache(monkeypatch, tmp_path):
+    use_offline_cache(monkeypatch, tmp_path / "hf_datasets")
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    dm = TranslationDataModule(**SMALL)
+    dm.setup()
+    return dm
+
+
+@pytest.fixture(scope="module")
+def multi30k(tmp_path_factory):
+    folder = os.environ.get("MULTI30K_DIR")
+    if not folder:
+        pytest.skip("MULTI30K_DIR is not set: point it at the Multi30k task-1 folder of {split}.{lang}.gz files")
+    with pytest.MonkeyPatch.context() as patch:
+        use_offline_cache(patch, tmp_path_factory.mktemp("hf_datasets"))
+        dm = TranslationDataModule(dataset=folder, **MULTI30K)
+        dm.setup()
+        yield dm
+
+
+@pytest.fixture(params=["synthetic", "multi30k"])
+def datamodule(request):
+    return request.getfixturevalue(request.param)
+
+
+def sampler_for_rank(dm: TranslationDataModule, rank: int, world_size: int, epoch: int = 0):
+    sampler = dm._batch_sampler("train", dm.hparams.max_tokens, shuffle=True)
+    sampler.rank, sampler.world_size = rank, world_size
+    sampler.set_epoch(epoch)
+    return sampler
+
+
+def write_lines(path: Path, lines: list[str]) -> None:
+    text = "".join(line + "\n" for line in lines)
+    if path.suffix == ".gz":
+        with gzip.open(path, "wt", encoding="utf-8") as file:
+            file.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    write_lines(path, [json.dumps(row, ensure_ascii=False) for row in rows])
+
+
+PAIRS = [("a small dog runs", "ein kleiner Hund rennt"), ("two men", "zwei Männer"), ("a cat", "eine Katze")]
+
+
+def local_module(dataset: Path | str, **kwargs) -> TranslationDataModule:
+    """A data module over a tiny local dataset, ready to use (tokenizer trained, all splits prepared)."""
+    args = {"source_lang": "en", "target_lang": "de", "bpe_vocab_size": 100, "bpe_min_frequency": 1, **kwargs}
+    dm = TranslationDataModule(dataset=str(dataset), **args)
+    dm.setup()
+    return dm
+
+
+def pairs_of(dm: TranslationDataModule, role: str) -> list[tuple[str, str]]:
+    loader = dm.val_dataloader() if role == "validation" else dm.test_dataloader()
+    return sorted(pair for batch in loader for pair in zip(batch["source_text"], batch["target_text"], strict=True))
+
+
+# ------------------------------------------------------------------------------------------------- synthetic task
+def test_number_words():
+    assert number_to_words(4821) == "four thousand eight hundred twenty-one"
+    assert number_to_words(0) == "zero"
+    assert number_to_words(110_019) == "one hundred ten thousand nineteen"
+    assert number_to_words(2_000_050) == "two million fifty"
+
+
+def test_synthetic_task_is_deterministic_and_evaluates_on_unseen_long_numbers():
+    first = synthetic_splits("train", ["validation"], 500, 100, seed=0)
+    again = synthetic_splits("train", ["validation"], 500, 100, seed=0)
+    other = synthetic_splits("train", ["validation"], 500, 100, seed=1)
+    assert first["train"][:] == again["train"][:] and first["validation"][:] == again["validation"][:]
+    assert first["train"][:] != other["train"][:]
+    seen = set(first["train"]["digits"])
+    assert not [n for n in first["validation"]["digits"] if len(n) >= 4 and n in seen]
+
+
+def test_synthetic_task_runs_in_either_direction():
+    dm = TranslationDataModule(source_lang="words", target_lang="digits", **SMALL)
+    batch = next(iter(dm.val_dataloader()))
+    pairs = zip(batch["source_text"], batch["target_text"], strict=True)
+    assert all(number_to_words(int(digits)) == words for words, digits in pairs)
+    with pytest.raises(DataError, match="language 'fr' not in the data; languages present: digits, words"):
+        TranslationDataModule(target_lang="fr", **SMALL)
+
+
+# ------------------------------------------------------------------------------------------------------ tokenizer
+def test_tokenizer_and_special_ids_exist_right_after_init():
+    dm = TranslationDataModule(**SMALL)
+    assert not dm._prepared  # nothing tokenized yet: the CLI links these before setup()
+    tokenizer = dm.tokenizer
+    assert (dm.pad_token_id, dm.bos_token_id, dm.eos_token_id, tokenizer.unk_token_id) == (0, 1, 2, 3)
+    assert tokenizer.convert_ids_to_tokens([0, 1, 2, 3]) == ["<pad>", "<s>", "</s>", "<unk>"]
+    assert dm.vocab_size == len(tokenizer) < dm.hparams.bpe_vocab_size  # the trained size, not the requested one
+    ids = tokenizer("four thousand eight hundred twenty-one")["input_ids"]
+    assert ids[-1] == 2 and 1 not in ids and 2 not in ids[:-1]
+    for text in ("4821", "four thousand eight hundred twenty-one"):
+        assert tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True) == text
+
+
+def test_tokenizer_dir_saves_then_reloads_instead_of_retraining(tmp_path):
+    folder = tmp_path / "tokenizer"
+    first = TranslationDataModule(tokenizer_dir=str(folder), **SMALL)
+    written = (folder / "tokenizer.json").stat().st_mtime_ns
+    second = TranslationDataModule(tokenizer_dir=str(folder), bpe_vocab_size=50, **SMALL)
+    assert (folder / "tokenizer.json").stat().st_mtime_ns == written
+    assert second.tokenizer.get_vocab() == first.tokenizer.get_vocab()
+    existing = TranslationDataModule(tokenizer=str(folder), **SMALL)
+    assert existing.tokenizer.get_vocab() == first.tokenizer.get_vocab() and existing.vocab_size == first.vocab_size
+
+
+def test_bpe_training_is_deterministic():
+    assert TranslationDataModule(**SMALL).tokenizer.get_vocab() == TranslationDataModule(**SMALL).tokenizer.get_vocab()
+
+
+def test_tokenization_cache_follows_the_tokenizer(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", [{"en": s, "de": t} for s, t in PAIRS * 20])
+
+    def tokenized_cache_file(**kwargs) -> str:
+        dm = TranslationDataModule(dataset=str(tmp_path / "train.jsonl"), source_lang="en", target_lang="de", **kwargs)
+        return dm._tokenize(dm._raw_split("train")).cache_files[0]["filename"]
+
+    same = tokenized_cache_file(bpe_vocab_size=60, bpe_min_frequency=1)
+    assert tokenized_cache_file(bpe_vocab_size=60, bpe_min_frequency=1) == same
+    assert tokenized_cache_file(bpe_vocab_size=80, bpe_min_frequency=1) != same
+
+
+def test_trained_tokenizer_is_saved_with_the_run(synthetic, tmp_path):
+    trainer = pl.Trainer(logger=False, default_root_dir=tmp_path, enable_progress_bar=False)
+    synthetic.trainer = trainer
+    try:
+        synthetic.setup("fit")
+    finally:
+        synthetic.trainer = None
+    assert (tmp_path / "tokenizer" / "tokenizer.json").is_file()
+
+
+# -------------------------------------------------------------------------------------------------------- batches
+def test_batches_have_the_model_format_and_respect_the_budget(datamodule):
+    max_tokens = datamodule.hparams.max_tokens
+    tokenizer = datamodule.tokenizer
+    for batch in datamodule.train_dataloader():
+        input_ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+        assert input_ids.dtype == mask.dtype == labels.dtype == torch.long
+        assert input_ids.numel() <= max_tokens and labels.numel() <= max_tokens
+        assert torch.equal(mask.bool(), input_ids != tokenizer.pad_token_id)
+        assert mask[:, 0].all() and (labels[:, 0] != -100).all()
+        last = (labels != -100).sum(1) - 1
+        assert (labels[torch.arange(len(labels)), last] == tokenizer.eos_token_id).all()
+        assert set(batch) == {"input_ids", "attention_mask", "labels"}
+
+
+def test_two_ranks_get_disjoint_batches_covering_the_data_in_equal_numbers(datamodule):
+    for epoch in (0, 1):
+        ranks = [list(sampler_for_rank(datamodule, rank, 2, epoch)) for rank in (0, 1)]
+        assert len(ranks[0]) == len(ranks[1])
+        indices = [i for batches in ranks for batch in batches for i in batch]
+        assert sorted(indices) == list(range(len(datamodule._prepare("train")[0])))
+
+
+def test_same_seed_and_epoch_give_the_same_batches(datamodule):
+    assert list(sampler_for_rank(datamodule, 0, 1, 3)) == list(sampler_for_rank(datamodule, 0, 1, 3))
+    assert list(sampler_for_rank(datamodule, 0, 1, 3)) != list(sampler_for_rank(datamodule, 0, 1, 4))
+
+
+def test_loader_state_resumes_mid_epoch(datamodule):
+    loader = datamodule.train_dataloader()
+    loader.batch_sampler.set_epoch(1)
+    full = [batch["input_ids"] for batch in loader]
+    iterator = iter(loader)
+    head = [next(iterator)["input_ids"] for _ in range(3)]
+    resumed = datamodule.train_dataloader()
+    resumed.load_state_dict(loader.state_dict())
+    rest = [batch["input_ids"] for batch in resumed]
+    assert len(head) + len(rest) == len(full)
+    assert all(torch.equal(a, b) for a, b in zip(head + rest, full, strict=True))
+
+
+def test_evaluation_batches_keep_every_pair_once_across_ranks(datamodule):
+    raw = datamodule._raw_split(datamodule.hparams.validation_split)
+    expected = Counter(zip(raw["source_text"], raw["target_text"], strict=True))
+    seen, counts = Counter(), []
+    for rank in (0, 1):
+        loader = datamodule.val_dataloader()
+        loader.batch_sampler.rank, loader.batch_sampler.world_size = rank, 2
+        batches = list(loader)
+        counts.append(len(batches))
+        for batch in batches:
+            assert batch["input_ids"].numel() <= datamodule.hparams.eval_max_tokens
+            seen.update(zip(batch["source_text"], batch["target_text"], strict=True))
+            decoded = datamodule.tokenizer.batch_decode(batch["input_ids"], skip_special_tokens=True)
+            assert decoded == [unicodedata.normalize("NFKC", text) for text in batch["source_text"]]
+    assert seen == expected and counts[0] == counts[1]
+
+
+def test_multi30k_padding_efficiency_beats_random_batching(multi30k):
+    sampler = multi30k.train_dataloader().batch_sampler
+    plan = sampler.plan(0)
+    ours = padding_efficiency(plan, sampler.source_lengths, sampler.target_lengths)
+    shuffled = np.array_split(np.random.default_rng(0).permutation(len(sampler.source_lengths)), len(plan))
+    random = padding_efficiency(shuffled, sampler.source_lengths, sampler.target_lengths)
+    print(
+        f"\nMulti30k en-de, max_tokens={multi30k.hparams.max_tokens}: {len(plan)} batches of "
+        f"{len(sampler.source_lengths) / len(plan):.0f} pairs on average; padding efficiency "
+        f"{ours:.4f} (length-sorted) vs {random:.4f} (random batches of the same mean size)"
+    )
+    assert ours > 0.95 and random < 0.6
+
+
+def test_multi30k_german_round_trips_through_the_tokenizer(multi30k):
+    german = list(multi30k._raw_split("val")["target_text"])
+    tokenizer = multi30k.tokenizer
+    decoded = tokenizer.batch_decode(tokenizer(german)["input_ids"], skip_special_tokens=True)
+    assert decoded == [unicodedata.normalize("NFKC", line) for line in german]
+    assert sum(a == b for a, b in zip(decoded, german, strict=True)) >= 0.99 * len(german)
+
+
+# ----------------------------------------------------------------------------------------------------- Lightning
+class Recorder(pl.LightningModule):
+    """Trains nothing; records each training batch and the sampler's plan for this rank."""
+
+    def __init__(self, out: Path | None = None):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(()))
+        self.batches: list[list[list[int]]] = []
+        self.out = out
+
+    def training_step(self, batch, batch_idx):
+        self.batches.append(batch["input_ids"].tolist())
+        return self.weight * batch["input_ids"].float().mean()
+
+    def on_train_epoch_start(self):
+        if self.out is not None:  # under DDP: which pairs this rank trains on, read by the test
+            sampler = self.trainer.train_dataloader.batch_sampler
+            record = {"rank": self.global_rank, "world": sampler.world_size, "indices": list(sampler)}
+            (self.out / f"rank{self.global_rank}-epoch{self.current_epoch}.json").write_text(json.dumps(record))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def fit(dm: TranslationDataModule, root: Path, ckpt_path: str | None = None, **trainer_args) -> Recorder:
+    model = Recorder(trainer_args.pop("out", None))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        logger=False,
+        default_root_dir=root,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        use_distributed_sampler=False,
+        **{"devices": 1, "enable_checkpointing": False, **trainer_args},
+    )
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    return model
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_lightning_resumes_mid_epoch_with_the_next_unseen_batch(num_workers, tmp_path):
+    dm = TranslationDataModule(num_workers=num_workers, **SMALL)
+    whole = fit(dm, tmp_path / "whole", max_epochs=2).batches
+    stop = len(dm.train_dataloader()) + 3  # the fourth batch of the second epoch
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=stop, save_top_k=-1)
+    first = fit(dm, tmp_path / "cut", max_steps=stop, callbacks=[checkpoint], enable_checkpointing=True).batches
+    assert first == whole[:stop]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*dataloader is not resumable.*")
+        rest = fit(dm, tmp_path / "resume", max_epochs=2, ckpt_path=checkpoint.best_model_path).batches
+    assert rest == whole[stop:]
+
+
+@pytest.mark.slow  # two spawned processes that each import torch, Lightning and transformers
+def test_ddp_ranks_train_on_disjoint_equal_shares(tmp_path):
+    dm = TranslationDataModule(**SMALL)
+    fit(dm, tmp_path, max_epochs=2, devices=2, strategy="ddp_spawn", out=tmp_path)
+    for epoch in (0, 1):
+        records = [json.loads((tmp_path / f"rank{rank}-epoch{epoch}.json").read_text()) for rank in (0, 1)]
+        assert [record["world"] for record in records] == [2, 2]
+        assert len(records[0]["indices"]) == len(records[1]["indices"])
+        indices = [i for record in records for batch in record["indices"] for i in batch]
+        assert sorted(indices) == list(range(SMALL["synthetic_train_size"]))
+
+
+def test_rank_and_world_size_come_from_the_trainer(synthetic):
+    ddp = {"accelerator": "cpu", "devices": 2, "strategy": "ddp_spawn", "logger": False}
+    try:
+        synthetic.trainer = pl.Trainer(use_distributed_sampler=False, **ddp)
+        sampler = synthetic.train_dataloader().batch_sampler
+        assert (sampler.rank, sampler.world_size) == (0, 2)
+        synthetic.trainer = pl.Trainer(**ddp)
+        with pytest.raises(DataError, match="use_distributed_sampler=False"):
+            synthetic.train_dataloader()
+    finally:
+        synthetic.trainer = None
+
+
+# ------------------------------------------------------------------------------------------------------- sources
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_folder_of_text_files_with_split_names_mapped(tmp_path, suffix):
+    for split in ("train", "dev", "test2016"):
+        write_lines(tmp_path / f"{split}.en{suffix}", [s for s, _ in PAIRS])
+        write_lines(tmp_path / f"{split}.de{suffix}", [t for _, t in PAIRS])
+        write_lines(tmp_path / f"{split}.fr{suffix}", ["un", "deux", "trois"])
+    dm = local_module(tmp_path, validation_split="dev", test_split="test2016")
+    assert pairs_of(dm, "validation") == sorted(PAIRS)
+    reverse = local_module(tmp_path, source_lang="fr", target_lang="en", validation_split="dev", test_split="test2016")
+    assert pairs_of(reverse, "test") == sorted(zip(["un", "deux", "trois"], [s for s, _ in PAIRS], strict=True))
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "tsv", "csv", "parquet"])
+def test_folder_of_table_files(tmp_path, kind):
+    rows = [{"en": s, "de": t} for s, t in PAIRS] + [{"en": '"quoted" start', "de": "NA"}]
+    for split in ("train", "validation", "test"):
+        path = tmp_path / f"{split}.{kind}"
+        if kind.startswith("jsonl"):
+            write_jsonl(path, rows)
+        elif kind == "parquet":
+            datasets.Dataset.from_list(rows).to_parquet(str(path))
+        elif kind == "tsv":  # no quoting: a field is everything between tabs
+            write_lines(path, ["en\tde"] + [f"{row['en']}\t{row['de']}" for row in rows])
+        else:
+            with path.open("w", newline="", encoding="utf-8") as file:
+                writer = csv.DictWriter(file, ["en", "de"])
+                writer.writeheader()
+                writer.writerows(rows)
+    assert pairs_of(local_module(tmp_path), "test") == sorted((row["en"], row["de"]) for row in rows)
+
+
+def test_single_file_with_split_placeholder(tmp_path):
+    for split in ("train", "validation", "test"):
+        write_jsonl(tmp_path / f"{split}-pairs.jsonl", [{"en": s, "de": f"{t} {split}"} for s, t in PAIRS])
+    dm = local_module(tmp_path / "{split}-pairs.jsonl")
+    assert all(target.endswith(" validation") for _, target in pairs_of(dm, "validation"))
+
+
+def test_hub_layout_with_translation_column(tmp_path):
+    """The Hub path (`load_dataset(name, config)`), on a local folder in the layout of WMT14 on the Hub."""
+    for split in ("train", "validation", "test"):
+        rows = [{"translation": {"de": t, "en": s}} for s, t in PAIRS]
+        (tmp_path / "de-en").mkdir(exist_ok=True)
+        datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "de-en" / f"{split}-00000-of-00001.parquet"))
+    (tmp_path / "README.md").write_text(
+        "---\nconfigs:\n- config_name: de-en\n  data_files:\n"
+        + "".join(f"  - split: {s}\n    path: de-en/{s}-*\n" for s in ("train", "validation", "test"))
+        + "---\n"
+    )
+    dm = local_module(tmp_path, dataset_config="de-en")
+    assert pairs_of(dm, "validation") == sorted(PAIRS)
+    with pytest.raises(DataError, match="split 'val' not in dataset .*; its splits are train, validation, test"):
+        local_module(tmp_path, dataset_config="de-en", validation_split="val")
+    with pytest.raises(DataError, match="language 'fr' not in the data; languages present: de, en"):
+        local_module(tmp_path, dataset_config="de-en", target_lang="fr")
+
+
+# --------------------------------------------------------------------------------------------- filtering and errors
+def test_filtered_pairs_are_counted_and_logged(tmp_path, caplog):
+    long = " ".join(["word"] * 40)
+    write_jsonl(tmp_path / "train.jsonl", [{"en": s, "de": t} for s, t in PAIRS * 5 + [("", "leer"), (long, "lang")]])
+    write_jsonl(tmp_path / "validation.jsonl", [{"en": s, "de": t} for s, t in PAIRS + [(long, "lang"), ("", "")]])
+    write_jsonl(tmp_path / "test.jsonl", [{"en": s, "de": t} for s, t in PAIRS])
+    rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    rank_zero_logger.addHandler(caplog.handler)  # Lightning's loggers do not propagate to the root
+    try:
+        dm = local_module(tmp_path, max_source_positions=20, max_target_positions=20, max_tokens=64)
+    finally:
+        rank_zero_logger.removeHandler(caplog.handler)
+    assert dm.filter_stats["train"] == {
+        "pairs": 17,
+        "kept": 15,
+        "dropped_empty": 1,
+        "dropped_too_long": 1,
+        "truncated": 0,
+    }
+    assert dm.filter_stats["validation"] == {
+        **{"pairs": 5, "kept": 5, "dropped_empty": 0, "dropped_too_long": 0, "truncated": 1}
+    }
+    assert "train split 'train': pairs=17, kept=15, dropped_empty=1, dropped_too_long=1" in caplog.text
+    batch = next(iter(dm.val_dataloader()))
+    assert batch["input_ids"].shape[1] <= 20 and len(batch["source_text"]) == 5
+
+
+def test_all_training_pairs_dropped_is_an_error(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", [{"en": "one two three four five six", "de": "x"}])
+    with pytest.raises(DataError, match="all 1 training pairs were dropped .* raise the limits"):
+        local_module(tmp_path, max_source_positions=3, max_target_positions=3, max_tokens=8)
+
+
+def test_line_count_mismatch_names_both_files_and_counts(tmp_path):
+    write_lines(tmp_path / "train.en", ["a", "b", "c"])
+    write_lines(tmp_path / "train.de.gz", ["a", "b"])
+    with pytest.raises(DataError, match=r"train\.en has 3 lines but .*train\.de\.gz has 2"):
+        local_module(tmp_path)
+
+
+def test_missing_split_says_what_was_looked_for(tmp_path):
+    for lang in ("en", "de"):
+        write_lines(tmp_path / f"train.{lang}", ["a", "b"])
+    with pytest.raises(
+        DataError, match=r"split 'val' not found: looked for .*/val\.<lang>\[\.gz\].*splits present: train"
+    ):
+        local_module(tmp_path, validation_split="val")
+
+
+def test_missing_file_says_what_was_looked_for(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", [{"en": "a", "de": "b"}])
+    with pytest.raises(DataError, match=r"data file not found: looked for .*validation\.jsonl"):
+        local_module(tmp_path / "{split}.jsonl")
+    with pytest.raises(DataError, match=r"holds only the split 'train'; .* placeholder \(e\.g\. .*/\{split\}\.jsonl\)"):
+        local_module(tmp_path / "train.jsonl")
+
+
+def test_language_not_in_text_folder_lists_those_present(tmp_path):
+    for lang in ("en", "de", "fr"):
+        write_lines(tmp_path / f"train.{lang}", ["a"])
+    with pytest.raises(
+        DataError, match="language 'cs' not in the data.*languages present for split 'train': de, en, fr"
+    ):
+        local_module(tmp_path, target_lang="cs")
+
+
+def test_language_not_in_table_lists_those_present(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", [{"en": "a", "fr": "b"}])
+    with pytest.raises(DataError, match="language 'de' not in the data; languages present: en, fr"):
+        local_module(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["train.en", "train.jsonl"])
+def test_empty_split_is_an_error(tmp_path, name):
+    (tmp_path / name).write_text("")
+    (tmp_path / "train.de").write_text("")
+    with pytest.raises(DataError, match="is empty: a split needs at least one pair"):
+        local_module(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["train.de", "train.de.gz", "train.jsonl"])
+def test_undecodable_bytes_name_file_and_line(tmp_path, name):
+    good = b'{"en": "a", "de": "b"}\n' if name.endswith("jsonl") else b"eins\n"
+    bad = b'{"en": "a", "de": "Gr\xfc\xdfe"}\n' if name.endswith("jsonl") else b"Gr\xfc\xdfe\n"
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(good + bad) if name.endswith(".gz") else good + bad)
+    write_lines(tmp_path / "train.en", ["one", "two"])
+    with pytest.raises(DataError, match=rf"{name}, line 2: bytes .* are not UTF-8; re-encode"):
+        local_module(tmp_path)
+
+
+def test_missing_field_names_row_and_language(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", [{"en": "a", "de": "b"}, {"en": "c"}])
+    with pytest.raises(DataError, match=r"train\.jsonl: row 2 has no text for 'de'"):
+        local_module(tmp_path)
