@@ -128,8 +128,8 @@ def test_loader_starts_a_new_epoch_from_its_first_batch():
 def test_collator_pads_right_and_masks_labels():
     collate = TranslationCollator(pad_token_id=0, max_source_positions=4, max_target_positions=3)
     rows = [
-        {"input_ids": [5, 6, 2], "labels": [7, 2], "source_text": "a", "target_text": "b"},
-        {"input_ids": [5, 6, 7, 8, 9, 2], "labels": [8, 9, 10, 2], "source_text": "c", "target_text": "d"},
+        {"input_ids": [5, 6, 2], "labels": [7, 2], "source_text": "a", "target_text": "b", "index": 4},
+        {"input_ids": [5, 6, 7, 8, 9, 2], "labels": [8, 9, 10, 2], "source_text": "c", "target_text": "d", "index": 0},
     ]
     batch = collate(rows)
     assert batch["input_ids"].tolist() == [[5, 6, 2, 0], [5, 6, 7, 2]]  # cut to 4, keeping </s>
@@ -137,4 +137,5 @@ def test_collator_pads_right_and_masks_labels():
     assert batch["labels"].tolist() == [[7, 2, -100], [8, 9, 2]]
     assert all(batch[key].dtype == torch.long for key in ("input_ids", "attention_mask", "labels"))
     assert batch["source_text"] == ["a", "c"] and batch["target_text"] == ["b", "d"]
+    assert batch["index"].tolist() == [4, 0]
     assert "source_text" not in collate([{"input_ids": [2], "labels": [2]}])
