@@ -151,6 +151,10 @@ def main() -> None:
             "trained": state(module),
         }
         torch.save(result, args.out)
+    if torch.distributed.is_initialized():
+        # Leave together: a rank that exits while another still uses the process group aborts in gloo's threads.
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

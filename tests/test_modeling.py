@@ -294,7 +294,8 @@ def test_save_and_load_round_trip_exactly(tiny_config, tmp_path):
     source, target = random_batch(tiny_config)
     model.save_pretrained(tmp_path)
     with safe_open(tmp_path / "model.safetensors", "pt") as weights:
-        embedding_keys = [key for key in weights if "embed_tokens" in key or "lm_head" in key]
+        stored = weights.keys()
+        embedding_keys = [key for key in stored if "embed_tokens" in key or "lm_head" in key]
     assert embedding_keys == ["model.encoder.embed_tokens.weight"]  # the tied matrix is written once
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_transformer.TransformerForConditionalGeneration"

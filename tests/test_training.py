@@ -67,7 +67,8 @@ def fit(*overrides: str) -> None:
 
 
 def val_bleu(log_dir: Path) -> list[float]:
-    with open(next(log_dir.glob("runs/demo/logs/version_*/metrics.csv"))) as metrics:
+    newest = max(log_dir.glob("runs/demo/logs/version_*/metrics.csv"), key=lambda path: int(path.parent.name[8:]))
+    with open(newest) as metrics:
         return [float(row["val/bleu"]) for row in csv.DictReader(metrics) if row.get("val/bleu")]
 
 
