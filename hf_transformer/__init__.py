@@ -16,6 +16,7 @@ from .modeling_transformer import (
     TransformerPreTrainedModel,
 )
 from .pipeline_translation import TranslationPipeline
+from .translate import translate
 
 AutoConfig.register(TransformerConfig.model_type, TransformerConfig)
 AutoModel.register(TransformerConfig, TransformerModel)
@@ -32,4 +33,5 @@ __all__ = [
     "TransformerModel",
     "TransformerPreTrainedModel",
     "TranslationPipeline",
+    "translate",
 ]

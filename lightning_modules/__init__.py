@@ -1,5 +1,6 @@
-"""Lightning components of hf-transformer."""
+"""Lightning components of hf-transformer: the data module, the training module and the `hf-transformer` command."""
 
 from .data import TranslationDataModule
+from .module import TranslationModule
 
-__all__ = ["TranslationDataModule"]
+__all__ = ["TranslationDataModule", "TranslationModule"]

@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,3 +57,47 @@ def multi30k_dir() -> str:
     if not path or not os.path.isdir(path):
         pytest.skip("MULTI30K_DIR is unset or not a folder: point it at shared/data/multi30k to run this test")
     return path
+
+
+# A model small enough for a few seconds of training, with checkpoints every 3 steps.
+TINY_RUN = """
+trainer:
+  callbacks:
+    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+      init_args:
+        dirpath: runs/demo/checkpoints
+        filename: "step{step:06d}"
+        auto_insert_metric_name: false
+        monitor: step
+        mode: max
+        save_top_k: 5
+        save_last: true
+        every_n_train_steps: 3
+    - class_path: lightning.pytorch.callbacks.OnExceptionCheckpoint
+      init_args:
+        dirpath: runs/demo/checkpoints
+  enable_progress_bar: false
+  enable_model_summary: false
+  num_sanity_val_steps: 0
+  limit_val_batches: 1
+model:
+  d_model: 32
+  encoder_layers: 1
+  decoder_layers: 1
+  attention_heads: 2
+  ffn_dim: 64
+  num_beams: 2
+data:
+  bpe_vocab_size: 120
+  synthetic_train_size: 400
+  synthetic_eval_size: 16
+  max_tokens: 256
+"""
+
+
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch) -> Path:
+    """Runs write `runs/demo/...` relative to the working directory: keep them in the test's folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY_RUN)
+    return tmp_path

@@ -444,3 +444,19 @@ def test_translation_pipeline_from_a_saved_folder(tiny_config, tiny_tokenizer, t
         for s in sentences
     ]
     assert [result["translation_text"] for result in results] == expected
+
+
+def test_translate_batches_by_length_and_keeps_the_input_order(tiny_config, tiny_tokenizer):
+    from hf_transformer import translate
+
+    config = TransformerConfig(**{**tiny_config.to_dict(), "vocab_size": len(tiny_tokenizer)})
+    model = TransformerForConditionalGeneration(config).eval()
+    sentences = ["two men play music on the grass", "a dog", "ein hund rennt", "a dog runs on the grass"]
+    one_by_one = []
+    for sentence in sentences:
+        inputs = tiny_tokenizer(sentence, return_tensors="pt")
+        output = model.generate(**inputs, num_beams=2, max_length=inputs["input_ids"].shape[1] + 5 + 1)
+        one_by_one.append(tiny_tokenizer.decode(output[0], skip_special_tokens=True).strip())
+    # 24 tokens with 2 beams leave 12 source tokens per batch: several batches of different lengths.
+    assert translate(model, tiny_tokenizer, sentences, max_tokens=24, num_beams=2, max_length_offset=5) == one_by_one
+    assert translate(model, tiny_tokenizer, []) == []

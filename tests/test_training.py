@@ -18,49 +18,6 @@ from lightning_modules.module import noam_lr_lambda
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
-# A model small enough for a few seconds of training, with checkpoints every 3 steps.
-TINY_RUN = """
-trainer:
-  callbacks:
-    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
-      init_args:
-        dirpath: runs/demo/checkpoints
-        filename: "step{step:06d}"
-        auto_insert_metric_name: false
-        monitor: step
-        mode: max
-        save_top_k: 5
-        save_last: true
-        every_n_train_steps: 3
-    - class_path: lightning.pytorch.callbacks.OnExceptionCheckpoint
-      init_args:
-        dirpath: runs/demo/checkpoints
-  enable_progress_bar: false
-  enable_model_summary: false
-  num_sanity_val_steps: 0
-  limit_val_batches: 1
-model:
-  d_model: 32
-  encoder_layers: 1
-  decoder_layers: 1
-  attention_heads: 2
-  ffn_dim: 64
-  num_beams: 2
-data:
-  bpe_vocab_size: 120
-  synthetic_train_size: 400
-  synthetic_eval_size: 16
-  max_tokens: 256
-"""
-
-
-@pytest.fixture
-def run_dir(tmp_path, monkeypatch):
-    """Runs write `runs/demo/...` relative to the working directory: keep them in the test's folder."""
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "tiny.yaml").write_text(TINY_RUN)
-    return tmp_path
-
 
 def fit(*overrides: str) -> None:
     main(["fit", "--config", str(DEMO), "--config", "tiny.yaml", *overrides])
@@ -220,3 +177,12 @@ def test_checkpoint_averaging_is_the_mean_of_the_weights(run_dir):
             torch.testing.assert_close(tensor, (first[name] + second[name]) / 2)
     main(["export", str(run_dir / "runs/demo/checkpoints"), str(run_dir / "averaged"), "--average", "2"])
     assert (run_dir / "averaged" / "model.safetensors").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="16-mixed uses a gradient scaler only on a CUDA GPU")
+def test_fp16_mixed_with_grad_scaler_trains_on_gpu(run_dir):
+    fit("--trainer.max_steps=6", "--trainer.precision=16-mixed", "--trainer.accelerator=gpu", "--trainer.devices=1")
+    checkpoint = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")
+    assert checkpoint["global_step"] == 6
+    assert checkpoint["MixedPrecision"]["scale"] > 0  # the grad scaler and its state travel with the checkpoint
+    assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values() if t.is_floating_point())

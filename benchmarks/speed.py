@@ -1,0 +1,304 @@
+"""Speed side by side: our model vs MarianMTModel vs nn.Transformer, identical sizes and inputs, alternating runs.
+
+    python benchmarks/speed.py                       # training throughput and peak memory, small and base sizes
+    python benchmarks/speed.py --generation          # + generation on Multi30k test_2016_flickr (needs MULTI30K_DIR)
+    python benchmarks/speed.py --sizes small --repeats 3 --steps 2 --out /tmp/speed.json   # a quick look
+
+Reports medians over `--repeats` alternating rounds and the ratio ours / peer (above 1 means we are faster, or for
+memory, that we use more). Results are printed as tables and written as JSON.
+"""
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import PEERS, SIZES, build_marian, build_ours, random_batch  # noqa: E402
+
+from hf_transformer import translate  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_throughput(size_name: str, args: argparse.Namespace) -> dict:
+    """Target tokens per second of forward + backward + Adam step, median over alternating rounds."""
+    device = torch.device(args.device)
+    size = SIZES[size_name]
+    batch = {k: v.to(device) for k, v in random_batch(args.vocab_size, args.max_tokens, 20, seed=0).items()}
+    target_tokens = int((batch["labels"] != -100).sum())
+    models, optimizers = {}, {}
+    for name in args.peers:
+        torch.manual_seed(0)
+        models[name] = PEERS[name].build(size, args.vocab_size).to(device).train()
+        optimizers[name] = torch.optim.Adam(models[name].parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    rates = {name: [] for name in args.peers}
+    for round_index in range(args.repeats + 1):  # round 0 warms up (allocator, kernels) and is not counted
+        for name in args.peers if round_index % 2 == 0 else reversed(args.peers):
+            model, optimizer = models[name], optimizers[name]
+            synchronize(device)
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                loss = PEERS[name].loss(model, batch)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+            synchronize(device)
+            if round_index:
+                rates[name].append(args.steps * target_tokens / (time.perf_counter() - start))
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    return {
+        "size": size_name,
+        "target_tokens_per_batch": target_tokens,
+        "tokens_per_sec": medians,
+        "ratio_ours_over": {name: medians["ours"] / medians[name] for name in medians if name != "ours"},
+    }
+
+
+def peak_memory_child(name: str, size_name: str, vocab_size: int, max_tokens: int, device: str) -> None:
+    """Run in a fresh process: the memory one training step adds on top of the model (activations, gradients,
+    Adam state). On CPU the peak resident set size, on CUDA the peak allocated bytes."""
+    torch.manual_seed(0)
+    model = PEERS[name].build(SIZES[size_name], vocab_size).to(device).train()
+    optimizer = torch.optim.Adam(model.parameters())
+    batch = {k: v.to(device) for k, v in random_batch(vocab_size, max_tokens, 20, seed=0).items()}
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    else:
+        before = resident_bytes("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")  # Linux: restart the peak (VmHWM) from the current size
+    for _ in range(2):
+        PEERS[name].loss(model, batch).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else resident_bytes("VmHWM")
+    print(json.dumps({"peak_step_bytes": peak - before}))
+
+
+def resident_bytes(field: str) -> int:
+    """VmRSS (now) or VmHWM (peak since the last reset) of this process, from /proc/self/status."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status: peak memory on CPU needs Linux")
+
+
+def peak_memory(size_name: str, args: argparse.Namespace) -> dict:
+    measured = {}
+    for name in args.peers:
+        result = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--memory-child",
+                name,
+                size_name,
+                "--vocab-size",
+                str(args.vocab_size),
+                "--max-tokens",
+                str(args.max_tokens),
+                "--device",
+                args.device,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        measured[name] = json.loads(result.stdout.strip().splitlines()[-1])["peak_step_bytes"] / 2**20
+    return {
+        "size": size_name,
+        "peak_step_mib": measured,
+        "ratio_ours_over": {name: measured["ours"] / measured[name] for name in measured if name != "ours"},
+    }
+
+
+def load_test_sentences(limit: int | None) -> list[str]:
+    folder = os.environ.get("MULTI30K_DIR")
+    if not folder:
+        raise SystemExit("--generation needs MULTI30K_DIR (the Multi30k folder with test_2016_flickr.en.gz)")
+    with gzip.open(Path(folder) / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as lines:
+        sentences = [line.strip() for line in lines]
+    return sentences[:limit]
+
+
+def generation_speed(args: argparse.Namespace) -> dict:
+    """Sentences/s of greedy and beam-4 decoding, ours vs Marian with identical sizes and identical work: both get the
+    same length-sorted batches and decode exactly `--decode-length` tokens (min = max length), since untrained models
+    would otherwise stop at different points. Then our `translate()` (length-sorted token-budget batches) against a
+    naive loop of `generate()` over unsorted fixed-size batches, with natural lengths, on a trained model if one is
+    given (`--trained`)."""
+    from lightning_modules.tokenization import train_bpe_tokenizer
+
+    sentences = load_test_sentences(args.limit)
+    tokenizer = train_bpe_tokenizer([sentences], args.vocab_size, 1)
+    size = SIZES[args.generation_size]
+    models = {"ours": build_ours(size, len(tokenizer)).eval(), "marian": build_marian(size, len(tokenizer)).eval()}
+    encoded = tokenizer(sentences)["input_ids"]
+    order = sorted(range(len(sentences)), key=lambda i: len(encoded[i]))
+    batches = [order[i : i + args.batch_size] for i in range(0, len(order), args.batch_size)]
+    results = {}
+    for mode, beams in (("greedy", 1), ("beam4", 4)):
+        rates = {name: [] for name in models}
+        for round_index in range(args.repeats):
+            for name in models if round_index % 2 == 0 else reversed(list(models)):
+                start = time.perf_counter()
+                with torch.inference_mode():
+                    for batch in batches:
+                        inputs = tokenizer.pad({"input_ids": [encoded[i] for i in batch]}, return_tensors="pt")
+                        models[name].generate(
+                            **inputs,
+                            num_beams=beams,
+                            length_penalty=0.6,
+                            do_sample=False,
+                            max_new_tokens=args.decode_length,
+                            min_new_tokens=args.decode_length,
+                        )
+                rates[name].append(len(sentences) / (time.perf_counter() - start))
+        medians = {name: statistics.median(values) for name, values in rates.items()}
+        results[mode] = {"sentences_per_sec": medians, "ratio_ours_over_marian": medians["ours"] / medians["marian"]}
+
+    if args.trained:
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+        model = AutoModelForSeq2SeqLM.from_pretrained(args.trained).eval()
+        tokenizer = AutoTokenizer.from_pretrained(args.trained)
+    else:
+        model = models["ours"]
+    timings = {"translate": [], "naive_loop": []}
+    for round_index in range(args.repeats):
+        for name in timings if round_index % 2 == 0 else reversed(list(timings)):
+            start = time.perf_counter()
+            if name == "translate":
+                translate(model, tokenizer, sentences, num_beams=4)
+            else:
+                naive_loop(model, tokenizer, sentences, args.batch_size)
+            timings[name].append(len(sentences) / (time.perf_counter() - start))
+    medians = {name: statistics.median(values) for name, values in timings.items()}
+    results["batched_translate"] = {
+        "model": args.trained or "untrained ours",
+        "sentences_per_sec": medians,
+        "ratio_translate_over_naive": medians["translate"] / medians["naive_loop"],
+    }
+    return results
+
+
+def naive_loop(model, tokenizer, sentences: list[str], batch_size: int) -> list[str]:
+    """What one writes first: fixed-size batches in file order, padded to the longest, beam 4."""
+    outputs = []
+    with torch.inference_mode():
+        for start in range(0, len(sentences), batch_size):
+            inputs = tokenizer(sentences[start : start + batch_size], return_tensors="pt", padding=True)
+            generated = model.generate(**inputs, num_beams=4, max_length=inputs["input_ids"].shape[1] + 51)
+            outputs += tokenizer.batch_decode(generated, skip_special_tokens=True)
+    return outputs
+
+
+def print_table(title: str, rows: list[list[str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    print(f"\n{title}")
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=["small", "base"], choices=sorted(SIZES))
+    parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=3, help="training steps timed per round")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="token budget of the training batch")
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--generation", action="store_true")
+    parser.add_argument("--generation-size", default="small", choices=sorted(SIZES))
+    parser.add_argument("--decode-length", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N test sentences")
+    parser.add_argument("--trained", default=None, help="an exported model folder for the translate() comparison")
+    parser.add_argument("--out", default=str(RESULTS / "speed.json"))
+    parser.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_child:
+        peak_memory_child(*args.memory_child, args.vocab_size, args.max_tokens, args.device)
+        return
+    if "ours" not in args.peers:
+        parser.error("--peers must include ours")
+
+    report = {
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "training": [train_throughput(size, args) for size in args.sizes],
+    }
+    rows = [["size", *(f"{name} tok/s" for name in args.peers), *(f"ours/{n}" for n in args.peers[1:])]]
+    for entry in report["training"]:
+        rows.append(
+            [
+                entry["size"],
+                *(f"{entry['tokens_per_sec'][n]:.0f}" for n in args.peers),
+                *(f"{entry['ratio_ours_over'][n]:.2f}" for n in args.peers[1:]),
+            ]
+        )
+    print_table(f"Training step throughput, target tokens/s (median of {args.repeats}, {args.device})", rows)
+
+    if not args.no_memory:
+        report["memory"] = [peak_memory(size, args) for size in args.sizes]
+        rows = [["size", *(f"{name} MiB" for name in args.peers), *(f"ours/{n}" for n in args.peers[1:])]]
+        for entry in report["memory"]:
+            rows.append(
+                [
+                    entry["size"],
+                    *(f"{entry['peak_step_mib'][n]:.0f}" for n in args.peers),
+                    *(f"{entry['ratio_ours_over'][n]:.2f}" for n in args.peers[1:]),
+                ]
+            )
+        print_table("Peak memory added by a training step", rows)
+
+    if args.generation:
+        report["generation"] = generation_speed(args)
+        rows = [["decoding", "ours sent/s", "marian sent/s", "ours/marian"]]
+        for mode in ("greedy", "beam4"):
+            entry = report["generation"][mode]
+            rows.append(
+                [
+                    mode,
+                    f"{entry['sentences_per_sec']['ours']:.1f}",
+                    f"{entry['sentences_per_sec']['marian']:.1f}",
+                    f"{entry['ratio_ours_over_marian']:.2f}",
+                ]
+            )
+        print_table(f"Generation, {args.generation_size} size, Multi30k test (median of {args.repeats})", rows)
+        entry = report["generation"]["batched_translate"]
+        print_table(
+            f"translate() vs naive generate() loop, beam 4 ({entry['model']})",
+            [
+                ["translate sent/s", "naive sent/s", "ratio"],
+                [
+                    f"{entry['sentences_per_sec']['translate']:.1f}",
+                    f"{entry['sentences_per_sec']['naive_loop']:.1f}",
+                    f"{entry['ratio_translate_over_naive']:.2f}",
+                ],
+            ],
+        )
+
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nWritten to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Smoke tests: every benchmark script runs end to end at a tiny size, so the scripts never rot. No timing is
+asserted: speed is reported by running the scripts by hand (see README.md)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import multi30k_dir
+
+from lightning_modules.cli import main
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+
+
+def run(*args: str, cwd: Path | None = None) -> str:
+    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_speed_benchmark_runs(tmp_path):
+    out = tmp_path / "speed.json"
+    stdout = run(
+        str(BENCHMARKS / "speed.py"),
+        "--sizes",
+        "small",
+        "--repeats",
+        "1",
+        "--steps",
+        "1",
+        "--max-tokens",
+        "256",
+        "--vocab-size",
+        "300",
+        "--out",
+        str(out),
+    )
+    report = json.loads(out.read_text())
+    assert set(report["training"][0]["tokens_per_sec"]) == {"ours", "marian", "nn.Transformer"}
+    assert set(report["memory"][0]["peak_step_mib"]) == {"ours", "marian", "nn.Transformer"}
+    assert "Training step throughput" in stdout
+
+
+def test_generation_benchmark_runs(tmp_path):
+    multi30k_dir()
+    out = tmp_path / "speed.json"
+    run(
+        str(BENCHMARKS / "speed.py"),
+        "--sizes",
+        "small",
+        "--peers",
+        "ours",
+        "--repeats",
+        "1",
+        "--steps",
+        "1",
+        "--max-tokens",
+        "256",
+        "--vocab-size",
+        "300",
+        "--no-memory",
+        "--generation",
+        "--limit",
+        "16",
+        "--decode-length",
+        "3",
+        "--batch-size",
+        "8",
+        "--out",
+        str(out),
+    )
+    generation = json.loads(out.read_text())["generation"]
+    assert set(generation) == {"greedy", "beam4", "batched_translate"}
+
+
+def test_padding_benchmark_runs(tmp_path):
+    multi30k_dir()
+    out = tmp_path / "padding.json"
+    run(str(BENCHMARKS / "padding.py"), "--max-tokens", "4096", "--epochs", "1", "--out", str(out))
+    (result,) = json.loads(out.read_text())
+    assert result["token_budget"] > 0.95 > 0.6 > result["random"]
+
+
+@pytest.mark.slow
+def test_quality_report_runs_on_a_short_run(run_dir):
+    multi30k_dir()
+    main(["fit", "--config", str(DEMO), "--config", "tiny.yaml", "--trainer.max_steps=6"])
+    out = run_dir / "quality.json"
+    run(
+        str(BENCHMARKS / "quality.py"),
+        "--run-dir",
+        "runs/demo",
+        "--average",
+        "2",
+        "--limit",
+        "8",
+        "--out",
+        str(out),
+        cwd=run_dir,
+    )
+    report = json.loads(out.read_text())
+    assert {"last_checkpoint", "average_last_2"} <= set(report)
+    assert (run_dir / "multi30k_learning_curve.png").exists()
