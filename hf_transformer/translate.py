@@ -20,7 +20,8 @@ def translate(
 
     Sentences of similar length are decoded together, so little work goes into padding and no batch waits long for
     one long sentence. A batch holds at most `max_tokens` source tokens counted with padding and beams. The output is
-    limited to the source length + `max_length_offset` tokens (section 6.1 of the paper uses 50). Other keyword
+    limited to the source length + `max_length_offset` tokens (section 6.1 of the paper uses 50) and to the model's
+    `max_position_embeddings`. Other keyword
     arguments go to `generate()` (e.g. `num_beams`, `length_penalty`, `do_sample`).
     """
     if not sentences:
@@ -30,9 +31,8 @@ def translate(
     translations = [""] * len(sentences)
     for batch in _length_sorted_batches([len(row) for row in ids], max_tokens // num_beams):
         inputs = tokenizer.pad({"input_ids": [ids[i] for i in batch]}, return_tensors="pt").to(model.device)
-        output_ids = model.generate(
-            **inputs, max_length=inputs["input_ids"].shape[1] + max_length_offset + 1, **generate_kwargs
-        )
+        max_length = min(inputs["input_ids"].shape[1] + max_length_offset + 1, model.config.max_position_embeddings)
+        output_ids = model.generate(**inputs, max_length=max_length, **generate_kwargs)
         for index, text in zip(batch, tokenizer.batch_decode(output_ids, skip_special_tokens=True), strict=True):
             translations[index] = text.strip()
     return translations

