@@ -364,7 +364,8 @@ class TransformerStack(nn.Module):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
         if inputs_embeds is None:
-            check_token_ids(input_ids, self.embed_tokens.weight.shape[0])
+            if past_length == 0:  # later decoding steps feed back the model's own predictions: in range by design
+                check_token_ids(input_ids, self.embed_tokens.weight.shape[0])
             inputs_embeds = self.embed_tokens(input_ids)
         length = inputs_embeds.shape[1]
         if past_length + length > self.config.max_position_embeddings:
