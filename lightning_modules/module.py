@@ -7,6 +7,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torchmetrics.text import CHRFScore, SacreBLEUScore
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
@@ -122,8 +123,9 @@ class TranslationModule(pl.LightningModule):
         self.model.generation_config.num_beams = num_beams
         self.model.generation_config.length_penalty = length_penalty
         self.label_smoothing = label_smoothing
-        self.bleu = {stage: SacreBLEUScore(tokenize="13a") for stage in ("val", "test")}
-        self.chrf = {stage: CHRFScore(n_word_order=0) for stage in ("val", "test")}
+        # Module dicts, so Lightning moves the metrics to the device with the model.
+        self.bleu = nn.ModuleDict({stage: SacreBLEUScore(tokenize="13a") for stage in ("val", "test")})
+        self.chrf = nn.ModuleDict({stage: CHRFScore(n_word_order=0) for stage in ("val", "test")})
         self._samples: list[list[str]] = []
         self._hypotheses: list[tuple[int, str]] = []
 
@@ -247,11 +249,6 @@ class TranslationModule(pl.LightningModule):
         hypotheses = dict(pair for rank_pairs in gathered for pair in rank_pairs)
         self._hypotheses = []
         return [hypotheses[index] for index in sorted(hypotheses)]
-
-    def setup(self, stage: str) -> None:
-        for metrics in (self.bleu, self.chrf):
-            for metric in metrics.values():
-                metric.to(self.device)
 
     # --- checkpoints: the HF config and the tokenizer travel inside -------------------------------------------
 
