@@ -27,8 +27,9 @@ class Peer:
     loss: Callable[[nn.Module, dict], torch.Tensor]
 
 
-def build_ours(size: dict, vocab_size: int) -> nn.Module:
-    config = TransformerConfig(
+def shared_sizes(size: dict, vocab_size: int) -> dict:
+    """The config fields that ours and Marian name alike."""
+    return dict(
         vocab_size=vocab_size,
         d_model=size["d_model"],
         encoder_layers=size["layers"],
@@ -40,27 +41,21 @@ def build_ours(size: dict, vocab_size: int) -> nn.Module:
         dropout=0.1,
         max_position_embeddings=512,
     )
-    return TransformerForConditionalGeneration(config)
+
+
+def build_ours(size: dict, vocab_size: int) -> nn.Module:
+    return TransformerForConditionalGeneration(TransformerConfig(**shared_sizes(size, vocab_size)))
 
 
 def build_marian(size: dict, vocab_size: int) -> nn.Module:
     config = MarianConfig(
-        vocab_size=vocab_size,
-        d_model=size["d_model"],
-        encoder_layers=size["layers"],
-        decoder_layers=size["layers"],
-        encoder_attention_heads=size["heads"],
-        decoder_attention_heads=size["heads"],
-        encoder_ffn_dim=size["ffn_dim"],
-        decoder_ffn_dim=size["ffn_dim"],
+        **shared_sizes(size, vocab_size),
         activation_function="relu",
-        dropout=0.1,
         attention_dropout=0.0,
         activation_dropout=0.0,
         scale_embedding=True,
         share_encoder_decoder_embeddings=True,
         tie_word_embeddings=True,
-        max_position_embeddings=512,
         pad_token_id=PAD,
         eos_token_id=EOS,
         decoder_start_token_id=BOS,

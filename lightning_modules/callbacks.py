@@ -40,13 +40,15 @@ class TranslationThroughput(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: dict, batch_idx: int
     ) -> None:
         labels = batch["labels"]
-        target_tokens = int((labels != -100).sum())
+        # Counted on the device and read only when logging, so no step waits for the GPU.
+        target_tokens = (labels != -100).sum()
         self._target_tokens += target_tokens
-        self._real_tokens += int(batch["attention_mask"].sum()) + target_tokens
+        self._real_tokens += batch["attention_mask"].sum() + target_tokens
         self._padded_tokens += batch["attention_mask"].numel() + labels.numel()
         if (batch_idx + 1) % self.log_every_n_steps:
             return
         seconds = time.perf_counter() - self._start
+        self._target_tokens, self._real_tokens = int(self._target_tokens), int(self._real_tokens)
         metrics = {
             "throughput/target_tokens_per_sec": self._target_tokens / seconds,
             "throughput/tokens_per_sec": self._real_tokens / seconds,

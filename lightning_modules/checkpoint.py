@@ -71,7 +71,10 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
 def last_checkpoints(folder: str | Path, count: int) -> list[Path]:
     """The `count` most recent step checkpoints in `folder` (by global step), oldest first."""
     candidates = [path for path in Path(folder).glob("*.ckpt") if not path.stem.startswith(("last", "on_exception"))]
-    steps = {path: torch.load(path, map_location="cpu", weights_only=True)["global_step"] for path in candidates}
+    # Memory-mapped: only the step is read here, the weights are read once, by the averaging.
+    steps = {
+        path: torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"] for path in candidates
+    }
     chosen = sorted(candidates, key=steps.get)[-count:]
     if len(chosen) < count:
         raise ValueError(f"Asked to average {count} checkpoints but {folder} holds {len(chosen)}: {chosen}.")

@@ -38,13 +38,15 @@ def inverse_sqrt_lr_lambda(peak_lr: float, warmup_steps: int):
     return lr_lambda
 
 
-def label_smoothed_loss(logits: torch.Tensor, labels: torch.Tensor, smoothing: float) -> tuple[torch.Tensor, int]:
+def label_smoothed_loss(
+    logits: torch.Tensor, labels: torch.Tensor, smoothing: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy against targets smoothed with epsilon_ls (section 5.4), summed over target tokens; returns the sum
     and the number of target tokens, so callers normalise per token."""
     loss = F.cross_entropy(
         logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, label_smoothing=smoothing, reduction="sum"
     )
-    return loss, int((labels != -100).sum())
+    return loss, (labels != -100).sum()  # a tensor: no host sync in the training step
 
 
 class TranslationModule(pl.LightningModule):
@@ -151,7 +153,7 @@ class TranslationModule(pl.LightningModule):
                 "bf16-mixed instead of 16-mixed precision."
             )
         self.log("train/loss", loss, prog_bar=True)
-        self.log("train/target_tokens", float(target_tokens), reduce_fx="sum")
+        self.log("train/target_tokens", target_tokens.float(), reduce_fx="sum")
         return loss
 
     def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
@@ -187,7 +189,7 @@ class TranslationModule(pl.LightningModule):
         batch_size = batch["input_ids"].shape[0]
         # Summed over batches and ranks, then divided: the corpus-level per-token loss.
         self.log(f"{stage}/nll_sum", loss_sum, reduce_fx="sum", sync_dist=True, batch_size=batch_size)
-        self.log(f"{stage}/target_tokens", float(target_tokens), reduce_fx="sum", sync_dist=True)
+        self.log(f"{stage}/target_tokens", target_tokens.float(), reduce_fx="sum", sync_dist=True)
 
         hypotheses = self.translate(batch["input_ids"], batch["attention_mask"])
         references = [[reference] for reference in batch["target_text"]]

@@ -282,6 +282,12 @@ class Recorder(pl.LightningModule):
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    def on_fit_end(self):
+        if torch.distributed.is_initialized():
+            # Leave together: a rank that exits while another still holds the process group aborts in gloo's threads.
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
+
 
 def fit(dm: TranslationDataModule, root: Path, ckpt_path: str | None = None, **trainer_args) -> Recorder:
     model = Recorder(trainer_args.pop("out", None))
