@@ -1,9 +1,14 @@
-"""Translating many sentences quickly: sort by length, batch under a token budget, restore the input order."""
-
-from typing import Any
+"""Translating many sentences quickly: length-sorted batches under a token budget, and a beam search that drops each
+sentence from the batch as soon as its translation is final, instead of decoding it until the batch's longest is."""
 
 import torch
+import torch.nn.functional as F
 from transformers import GenerationMixin, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutput
+
+# A score that never wins: what Hugging Face's beam search uses for "not a candidate".
+EXCLUDED = -1.0e9
 
 
 @torch.inference_mode()
@@ -12,30 +17,151 @@ def translate(
     tokenizer: PreTrainedTokenizerBase,
     sentences: list[str],
     *,
+    num_beams: int | None = None,
+    length_penalty: float | None = None,
     max_tokens: int = 8192,
     max_length_offset: int = 50,
-    **generate_kwargs: Any,
 ) -> list[str]:
-    """Translate `sentences` with `model.generate()`, returning translations in the order of the input.
+    """Translate `sentences` with `beam_search`, returning translations in the order of the input.
 
-    Sentences of similar length are decoded together, so little work goes into padding and no batch waits long for
-    one long sentence. A batch holds at most `max_tokens` source tokens counted with padding and beams. The output is
-    limited to the source length + `max_length_offset` tokens (section 6.1 of the paper uses 50) and to the model's
-    `max_position_embeddings`. Other keyword
-    arguments go to `generate()` (e.g. `num_beams`, `length_penalty`, `do_sample`).
+    Each translation is what `model.generate()` gives for that sentence alone, with at most its length +
+    `max_length_offset` output tokens (section 6.1 of the paper: 50). `num_beams` and `length_penalty` default to the
+    model's generation config (the paper's 4 and 0.6 for this package's models); `num_beams=1` is greedy decoding.
+    Sentences of similar length are decoded together, in batches of at most `max_tokens` source tokens counted with
+    padding and beams.
     """
     if not sentences:
         return []
+    num_beams = num_beams or model.generation_config.num_beams or 1
     ids = tokenizer(sentences, truncation=True, max_length=model.config.max_position_embeddings)["input_ids"]
-    num_beams = generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1
     translations = [""] * len(sentences)
     for batch in _length_sorted_batches([len(row) for row in ids], max_tokens // num_beams):
         inputs = tokenizer.pad({"input_ids": [ids[i] for i in batch]}, return_tensors="pt").to(model.device)
-        max_length = min(inputs["input_ids"].shape[1] + max_length_offset + 1, model.config.max_position_embeddings)
-        output_ids = model.generate(**inputs, max_length=max_length, **generate_kwargs)
+        output_ids = beam_search(
+            model,
+            inputs["input_ids"],
+            inputs["attention_mask"],
+            num_beams=num_beams,
+            length_penalty=length_penalty,
+            max_length_offset=max_length_offset,
+        )
         for index, text in zip(batch, tokenizer.batch_decode(output_ids, skip_special_tokens=True), strict=True):
             translations[index] = text.strip()
     return translations
+
+
+@torch.inference_mode()
+def beam_search(
+    model: GenerationMixin,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    num_beams: int | None = None,
+    length_penalty: float | None = None,
+    max_length_offset: int = 50,
+) -> list[list[int]]:
+    """Beam search over a batch of right-padded sources, returning the best hypothesis of each as token ids (from the
+    decoder start token to EOS). Each equals what `model.generate()` gives for that source alone with
+    `max_length` = its length + `max_length_offset` + 1, capped at `max_position_embeddings`; `num_beams` and
+    `length_penalty` default to the model's generation config, and `num_beams=1` is greedy decoding.
+
+    The rules are those of `generate()` with `early_stopping=False`: a hypothesis ending in EOS (or at the maximum
+    length) is scored by its summed log-probabilities / length ** `length_penalty`; a sentence is final once it has
+    `num_beams` of them and its best running beam, scored at the current length, cannot beat the worst. Unlike
+    `generate()`, a final sentence leaves the batch with its rows of the key/value cache, so the other sentences no
+    longer pay for it.
+    """
+    config = model.config
+    eos, start = config.eos_token_id, config.decoder_start_token_id
+    k = num_beams or model.generation_config.num_beams or 1
+    length_penalty = model.generation_config.length_penalty if length_penalty is None else length_penalty
+    # + 1 for the decoder start token
+    max_lengths = (attention_mask.sum(dim=1) + max_length_offset + 1).clamp(max=config.max_position_embeddings)
+    batch_size = input_ids.shape[0]
+    longest = int(max_lengths.max())
+    device = input_ids.device
+
+    def rows_of(sentences: torch.Tensor) -> torch.Tensor:
+        """The flat [sentence * k + beam] row indices of `sentences`."""
+        return (sentences[:, None] * k + torch.arange(k, device=device)).flatten()
+
+    encoder_states = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    encoder_states = encoder_states.repeat_interleave(k, dim=0)
+    attention_mask = attention_mask.repeat_interleave(k, dim=0)
+    cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+
+    sentence_ids = torch.arange(batch_size, device=device)  # which input sentence each active one is
+    running = torch.full((batch_size, k, longest), -1, dtype=torch.long, device=device)  # -1: not decoded yet
+    running[:, :, 0] = start
+    running_scores = torch.zeros(batch_size, k, device=device)
+    running_scores[:, 1:] = EXCLUDED  # all beams start alike: take the candidates of the first only
+    finished = running.clone()
+    finished_scores = torch.full((batch_size, k), EXCLUDED, device=device)
+    is_finished = torch.zeros(batch_size, k, dtype=torch.bool, device=device)
+    best = [[] for _ in range(batch_size)]
+
+    for length in range(1, longest):  # `length` tokens decoded so far, counting the start token
+        logits = model(
+            encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states),
+            attention_mask=attention_mask,
+            decoder_input_ids=running[:, :, length - 1].reshape(-1, 1),
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[:, -1]
+        active = len(sentence_ids)
+        log_probs = F.log_softmax(logits.float(), dim=-1).view(active, k, -1) + running_scores[:, :, None]
+        vocab_size = log_probs.shape[-1]
+
+        # The 2k best continuations, so that k remain even if k of them end here.
+        candidate_scores, flat_indices = log_probs.view(active, -1).topk(2 * k)
+        candidate_beams, candidate_tokens = flat_indices // vocab_size, flat_indices % vocab_size
+        candidates = running.gather(1, candidate_beams[:, :, None].expand(-1, -1, longest))
+        candidates[:, :, length] = candidate_tokens
+        at_max_length = length + 1 >= max_lengths[sentence_ids]
+        ends = (candidate_tokens == eos) | at_max_length[:, None]
+
+        # Running beams: the k best candidates that did not end.
+        keep_scores, keep = (candidate_scores + ends * EXCLUDED).topk(k)
+        running = candidates.gather(1, keep[:, :, None].expand(-1, -1, longest))
+        running_scores = keep_scores
+        beam_rows = (candidate_beams.gather(1, keep) + torch.arange(active, device=device)[:, None] * k).flatten()
+
+        # Finished hypotheses: the k best of those kept so far and those among the top k candidates that ended now.
+        ended_now = ends.clone()
+        ended_now[:, k:] = False
+        normalized = candidate_scores / length**length_penalty + ~ended_now * EXCLUDED
+        merged_scores = torch.cat([finished_scores, normalized], dim=1)
+        finished_scores, top = merged_scores.topk(k)
+        finished = torch.cat([finished, candidates], dim=1).gather(1, top[:, :, None].expand(-1, -1, longest))
+        is_finished = torch.cat([is_finished, ended_now], dim=1).gather(1, top)
+
+        if k == 1:
+            final = is_finished[:, 0]
+        else:
+            best_possible = running_scores[:, 0] / length**length_penalty
+            final = is_finished.all(dim=1) & (best_possible <= finished_scores.min(dim=1).values)
+        final |= at_max_length
+        for position in final.nonzero().flatten().tolist():
+            hypothesis = finished[position, 0, : length + 1]
+            ends_at = (hypothesis[1:] == eos).nonzero()
+            best[sentence_ids[position]] = hypothesis[: int(ends_at[0]) + 2 if len(ends_at) else None].tolist()
+        if final.all():
+            break
+        if final.any():
+            remaining = (~final).nonzero().flatten()
+            rows = rows_of(remaining)
+            beam_rows = beam_rows[rows]
+            cache.cross_attention_cache.reorder_cache(rows)
+            encoder_states, attention_mask = encoder_states[rows], attention_mask[rows]
+            sentence_ids, running, running_scores = (
+                sentence_ids[remaining],
+                running[remaining],
+                running_scores[remaining],
+            )
+            finished, finished_scores = finished[remaining], finished_scores[remaining]
+            is_finished = is_finished[remaining]
+        cache.self_attention_cache.reorder_cache(beam_rows)
+    return best
 
 
 def _length_sorted_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:

@@ -11,6 +11,7 @@ from torch import nn
 from torchmetrics.text import CHRFScore, SacreBLEUScore
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
+from hf_transformer.translate import beam_search
 
 from .checkpoint import tokenizer_from_checkpoint, tokenizer_state
 
@@ -202,15 +203,12 @@ class TranslationModule(pl.LightningModule):
         if stage == "test":
             self._hypotheses.extend(zip(batch["index"].tolist(), hypotheses, strict=True))
 
-    @torch.no_grad()
     def translate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[str]:
-        """Beam search with the paper's maximum output length: input length + 50 (section 6.1), within the model's
-        positions."""
-        # + 1 for the decoder start token
-        max_length = min(
-            input_ids.shape[1] + self.hparams.max_length_offset + 1, self.model.config.max_position_embeddings
+        """Beam search as the model's generation config says (the paper's beam 4, length penalty 0.6), each output
+        at most its input's length + 50 tokens (section 6.1)."""
+        output_ids = beam_search(
+            self.model, input_ids, attention_mask, max_length_offset=self.hparams.max_length_offset
         )
-        output_ids = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, max_length=max_length)
         return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)
 
     @property

@@ -159,6 +159,25 @@ def test_sinusoidal_encoding_matches_the_formula():
             torch.testing.assert_close(encoding[pos, 2 * i + 1], torch.cos(angle))
 
 
+def test_dropout_zeroes_a_fraction_p_and_rescales_the_rest():
+    from hf_transformer.modeling_transformer import apply_dropout
+
+    x = (torch.rand(1000, 1000) + 1.0).requires_grad_()  # no zeros of its own
+    assert apply_dropout(x, 0.1, training=False) is x
+    torch.manual_seed(0)
+    dropped = apply_dropout(x, 0.1, training=True)
+    kept = dropped != 0
+    assert abs(1 - kept.float().mean().item() - 0.1) < 3e-3  # 10 standard deviations of a million draws
+    torch.testing.assert_close(dropped[kept], x[kept] / 0.9)
+    dropped.sum().backward()
+    torch.testing.assert_close(x.grad, kept / 0.9)
+    torch.manual_seed(0)
+    assert torch.equal(apply_dropout(x, 0.1, training=True) != 0, kept)  # reproducible from the seed
+    # Neighbours share a random word but not their fate: both are dropped with probability p^2.
+    assert abs((~kept[:, 0::2] & ~kept[:, 1::2]).float().mean().item() - 0.01) < 2e-3
+    assert apply_dropout(x.detach().bfloat16(), 0.3, training=True).dtype == torch.bfloat16
+
+
 def test_shared_embeddings_and_output_projection_are_one_matrix(tiny_config):
     model = make_model(tiny_config)
     shared = model.model.encoder.embed_tokens.weight
@@ -444,6 +463,31 @@ def test_translation_pipeline_from_a_saved_folder(tiny_config, tiny_tokenizer, t
         for s in sentences
     ]
     assert [result["translation_text"] for result in results] == expected
+
+
+@pytest.mark.parametrize(("num_beams", "length_penalty"), [(4, 0.6), (1, 1.0), (3, -0.5)])
+def test_shrinking_beam_search_equals_generate_on_each_sentence(tiny_config, num_beams, length_penalty):
+    """Sentences leave the batch as they finish; each result is still what generate() gives for it alone."""
+    from hf_transformer.translate import beam_search
+
+    model = make_model(tiny_config)
+    with torch.no_grad():
+        model.lm_head.weight[tiny_config.eos_token_id] *= 4  # so that some sentences end early, some at max length
+    lengths = torch.randint(3, 12, (16,))
+    input_ids, _ = random_batch(tiny_config, batch=16, source_length=12)
+    attention_mask = (torch.arange(12) < lengths[:, None]).long()
+    input_ids = input_ids * attention_mask
+    results = beam_search(
+        model, input_ids, attention_mask, num_beams=num_beams, length_penalty=length_penalty, max_length_offset=8
+    )
+    for row, result in enumerate(results):
+        source = input_ids[row : row + 1, : lengths[row]]
+        expected = model.generate(
+            source, num_beams=num_beams, length_penalty=length_penalty, max_length=int(lengths[row]) + 8 + 1
+        )
+        assert result == expected[0].tolist()
+    ended_by_eos = [result[-1] == tiny_config.eos_token_id for result in results]
+    assert any(ended_by_eos) and not all(ended_by_eos)
 
 
 def test_translate_batches_by_length_and_keeps_the_input_order(tiny_config, tiny_tokenizer):
