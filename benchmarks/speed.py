@@ -137,9 +137,9 @@ def load_test_sentences(limit: int | None) -> list[str]:
 def generation_speed(args: argparse.Namespace) -> dict:
     """Sentences/s of greedy and beam-4 decoding, ours vs Marian with identical sizes and identical work: both get the
     same length-sorted batches and decode exactly `--decode-length` tokens (min = max length), since untrained models
-    would otherwise stop at different points. Then our `translate()` (length-sorted token-budget batches) against a
-    naive loop of `generate()` over unsorted fixed-size batches, with natural lengths, on a trained model if one is
-    given (`--trained`)."""
+    would otherwise stop at different points. Then our `translate()` (length-sorted token-budget batches, finished
+    sentences leaving the batch) against a naive loop of `generate()` over unsorted fixed-size batches, with natural
+    lengths, on a trained model if one is given (`--trained`)."""
     from lightning_modules.tokenization import train_bpe_tokenizer
 
     sentences = load_test_sentences(args.limit)
@@ -150,7 +150,10 @@ def generation_speed(args: argparse.Namespace) -> dict:
     order = sorted(range(len(sentences)), key=lambda i: len(encoded[i]))
     batches = [order[i : i + args.batch_size] for i in range(0, len(order), args.batch_size)]
     results = {}
-    for mode, beams in (("greedy", 1), ("beam4", 4)):
+    # Decoder lengths count the start token. Fixed lengths as max/min_length: max_new_tokens would clash with the
+    # generation config's max_length.
+    decode = dict(do_sample=False, max_length=args.decode_length + 1, min_length=args.decode_length + 1)
+    for mode, options in (("greedy", dict(num_beams=1)), ("beam4", dict(num_beams=4, length_penalty=0.6))):
         rates = {name: [] for name in models}
         for round_index in range(args.repeats):
             for name in models if round_index % 2 == 0 else reversed(list(models)):
@@ -158,14 +161,7 @@ def generation_speed(args: argparse.Namespace) -> dict:
                 with torch.inference_mode():
                     for batch in batches:
                         inputs = tokenizer.pad({"input_ids": [encoded[i] for i in batch]}, return_tensors="pt")
-                        models[name].generate(
-                            **inputs,
-                            num_beams=beams,
-                            length_penalty=0.6,
-                            do_sample=False,
-                            max_new_tokens=args.decode_length,
-                            min_new_tokens=args.decode_length,
-                        )
+                        models[name].generate(**inputs, **options, **decode)
                 rates[name].append(len(sentences) / (time.perf_counter() - start))
         medians = {name: statistics.median(values) for name, values in rates.items()}
         results[mode] = {"sentences_per_sec": medians, "ratio_ours_over_marian": medians["ours"] / medians["marian"]}
