@@ -4,7 +4,6 @@ import csv
 import gzip
 import json
 import logging
-import os
 import unicodedata
 import warnings
 from collections import Counter
@@ -16,6 +15,7 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
+from conftest import multi30k_dir
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_modules import TranslationDataModule
@@ -50,9 +50,7 @@ def synthetic():
 
 @pytest.fixture(scope="module")
 def multi30k(tmp_path_factory):
-    folder = os.environ.get("MULTI30K_DIR")
-    if not folder:
-        pytest.skip("MULTI30K_DIR is not set: point it at the Multi30k task-1 folder of {split}.{lang}.gz files")
+    folder = multi30k_dir()
     with pytest.MonkeyPatch.context() as patch:
         use_offline_cache(patch, tmp_path_factory.mktemp("hf_datasets"))
         dm = TranslationDataModule(dataset=folder, **MULTI30K)
