@@ -136,11 +136,10 @@ def beam_search(
         is_finished = torch.cat([is_finished, ended_now], dim=1).gather(1, top)
 
         if k == 1:
-            final = is_finished[:, 0]
+            final = at_max_length | is_finished[:, 0]
         else:
             best_possible = running_scores[:, 0] / length**length_penalty
-            final = is_finished.all(dim=1) & (best_possible <= finished_scores.min(dim=1).values)
-        final |= at_max_length
+            final = at_max_length | is_finished.all(dim=1) & (best_possible <= finished_scores.min(dim=1).values)
         for position in final.nonzero().flatten().tolist():
             hypothesis = finished[position, 0, : length + 1]
             ends_at = (hypothesis[1:] == eos).nonzero()
