@@ -7,10 +7,10 @@ Efficiency = real tokens / tokens after padding source and target to the longest
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import numpy as np
+from multi30k import multi30k_dir
 
 from lightning_modules import TranslationDataModule
 from lightning_modules.batching import padding_efficiency
@@ -53,9 +53,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3, help="batch plans measured (their median is reported)")
     parser.add_argument("--out", default=str(RESULTS / "padding.json"))
     args = parser.parse_args()
-    folder = os.environ.get("MULTI30K_DIR")
-    if not folder:
-        raise SystemExit("Set MULTI30K_DIR to the Multi30k folder ({split}.{lang}.gz files).")
+    folder = multi30k_dir()
     results = [measure(folder, max_tokens, args.epochs) for max_tokens in args.max_tokens]
     print("\nPadding efficiency on Multi30k train (en-de), real / padded tokens")
     print("max_tokens  batches  pairs/batch  token-budget  random")

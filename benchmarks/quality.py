@@ -11,12 +11,11 @@ benchmarks/results/.
 
 import argparse
 import csv
-import gzip
 import json
-import os
 import time
 from pathlib import Path
 
+from multi30k import read_split
 from sacrebleu.metrics import BLEU, CHRF
 
 from hf_transformer import translate
@@ -29,11 +28,6 @@ from lightning_modules.checkpoint import (
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def read_split(folder: str, split: str, lang: str) -> list[str]:
-    with gzip.open(Path(folder) / f"{split}.{lang}.gz", "rt", encoding="utf-8") as lines:
-        return [line.rstrip("\n") for line in lines]
 
 
 def score(checkpoint: dict, sources: list[str], references: list[str], max_tokens: int) -> dict:
@@ -97,12 +91,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=8192)
     parser.add_argument("--out", default=str(RESULTS / "multi30k.json"))
     args = parser.parse_args()
-    folder = os.environ.get("MULTI30K_DIR")
-    if not folder:
-        raise SystemExit("Set MULTI30K_DIR to the Multi30k folder ({split}.{lang}.gz files).")
     run = Path(args.run_dir)
-    sources = read_split(folder, "test_2016_flickr", "en")[: args.limit]
-    references = read_split(folder, "test_2016_flickr", "de")[: args.limit]
+    sources = read_split("test_2016_flickr", "en")[: args.limit]
+    references = read_split("test_2016_flickr", "de")[: args.limit]
 
     last = load_checkpoint(run / "checkpoints" / "last.ckpt")
     report = {

@@ -9,9 +9,7 @@ memory, that we use more). Results are printed as tables and written as JSON.
 """
 
 import argparse
-import gzip
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -21,6 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from multi30k import read_split  # noqa: E402
 from peers import PEERS, SIZES, build_marian, build_ours, random_batch  # noqa: E402
 
 from hf_transformer import translate  # noqa: E402
@@ -125,15 +124,6 @@ def peak_memory(size_name: str, args: argparse.Namespace) -> dict:
     }
 
 
-def load_test_sentences(limit: int | None) -> list[str]:
-    folder = os.environ.get("MULTI30K_DIR")
-    if not folder:
-        raise SystemExit("--generation needs MULTI30K_DIR (the Multi30k folder with test_2016_flickr.en.gz)")
-    with gzip.open(Path(folder) / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as lines:
-        sentences = [line.strip() for line in lines]
-    return sentences[:limit]
-
-
 def generation_speed(args: argparse.Namespace) -> dict:
     """Sentences/s of greedy and beam-4 decoding, ours vs Marian with identical sizes and identical work: both get the
     same length-sorted batches and decode exactly `--decode-length` tokens (min = max length), since untrained models
@@ -142,7 +132,7 @@ def generation_speed(args: argparse.Namespace) -> dict:
     lengths, on a trained model if one is given (`--trained`)."""
     from lightning_modules.tokenization import train_bpe_tokenizer
 
-    sentences = load_test_sentences(args.limit)
+    sentences = [line.strip() for line in read_split("test_2016_flickr", "en")][: args.limit]
     tokenizer = train_bpe_tokenizer([sentences], args.vocab_size, 1)
     size = SIZES[args.generation_size]
     models = {"ours": build_ours(size, len(tokenizer)).eval(), "marian": build_marian(size, len(tokenizer)).eval()}

@@ -140,13 +140,13 @@ def beam_search(
         else:
             best_possible = running_scores[:, 0] / length**length_penalty
             final = at_max_length | is_finished.all(dim=1) & (best_possible <= finished_scores.min(dim=1).values)
-        for position in final.nonzero().flatten().tolist():
-            hypothesis = finished[position, 0, : length + 1]
-            ends_at = (hypothesis[1:] == eos).nonzero()
-            best[sentence_ids[position]] = hypothesis[: int(ends_at[0]) + 2 if len(ends_at) else None].tolist()
-        if final.all():
+        final_positions = final.nonzero().flatten().tolist()  # the step's one read from the device
+        for position in final_positions:
+            hypothesis = finished[position, 0, : length + 1].tolist()
+            best[sentence_ids[position]] = hypothesis[: hypothesis.index(eos, 1) + 1 if eos in hypothesis[1:] else None]
+        if len(final_positions) == active:
             break
-        if final.any():
+        if final_positions:
             remaining = (~final).nonzero().flatten()
             rows = rows_of(remaining)
             beam_rows = beam_rows[rows]

@@ -13,6 +13,8 @@ from lightning_modules.cli import main
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+# speed.py at the smallest size that still runs every model: one round of one step on a 256-token batch.
+TINY_SPEED = ("--sizes", "small", "--repeats", "1", "--steps", "1", "--max-tokens", "256", "--vocab-size", "300")
 
 
 def run(*args: str, cwd: Path | None = None) -> str:
@@ -23,21 +25,7 @@ def run(*args: str, cwd: Path | None = None) -> str:
 
 def test_speed_benchmark_runs(tmp_path):
     out = tmp_path / "speed.json"
-    stdout = run(
-        str(BENCHMARKS / "speed.py"),
-        "--sizes",
-        "small",
-        "--repeats",
-        "1",
-        "--steps",
-        "1",
-        "--max-tokens",
-        "256",
-        "--vocab-size",
-        "300",
-        "--out",
-        str(out),
-    )
+    stdout = run(str(BENCHMARKS / "speed.py"), *TINY_SPEED, "--out", str(out))
     report = json.loads(out.read_text())
     assert set(report["training"][0]["tokens_per_sec"]) == {"ours", "marian", "nn.Transformer"}
     assert set(report["memory"][0]["peak_step_mib"]) == {"ours", "marian", "nn.Transformer"}
@@ -49,18 +37,9 @@ def test_generation_benchmark_runs(tmp_path):
     out = tmp_path / "speed.json"
     run(
         str(BENCHMARKS / "speed.py"),
-        "--sizes",
-        "small",
+        *TINY_SPEED,
         "--peers",
         "ours",
-        "--repeats",
-        "1",
-        "--steps",
-        "1",
-        "--max-tokens",
-        "256",
-        "--vocab-size",
-        "300",
         "--no-memory",
         "--generation",
         "--limit",

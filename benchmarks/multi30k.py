@@ -1,0 +1,19 @@
+"""The Multi30k data the benchmarks read: the folder named by MULTI30K_DIR and its gzipped {split}.{lang}.gz files."""
+
+import gzip
+import os
+from pathlib import Path
+
+
+def multi30k_dir() -> str:
+    """The folder in MULTI30K_DIR, or exit saying how to set it."""
+    folder = os.environ.get("MULTI30K_DIR")
+    if not folder or not Path(folder).is_dir():
+        raise SystemExit("Set MULTI30K_DIR to the Multi30k folder of {split}.{lang}.gz files (shared/data/multi30k).")
+    return folder
+
+
+def read_split(split: str, lang: str) -> list[str]:
+    """One sentence per line of {split}.{lang}.gz in the Multi30k folder."""
+    with gzip.open(Path(multi30k_dir()) / f"{split}.{lang}.gz", "rt", encoding="utf-8") as lines:
+        return [line.rstrip("\n") for line in lines]
