@@ -68,6 +68,14 @@ def seq2seq_loss(model: nn.Module, batch: dict) -> torch.Tensor:
     return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
 
 
+def ours_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    """Our model as our training step calls it: logits only at the target positions (`logits_to_keep`), an option
+    that MarianMTModel's forward does not have. "ours-all-logits" is the same model called as Marian is."""
+    labels = batch["labels"]
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    return model(**inputs, labels=labels, logits_to_keep=labels != -100).loss
+
+
 class TorchTransformer(nn.Module):
     """Embeddings * sqrt(d) + sinusoids, `nn.Transformer` (post-LN, ReLU), output projection tied to the embeddings."""
 
@@ -107,7 +115,8 @@ def torch_transformer_loss(model: nn.Module, batch: dict) -> torch.Tensor:
 
 
 PEERS = {
-    "ours": Peer("ours", build_ours, seq2seq_loss),
+    "ours": Peer("ours", build_ours, ours_loss),
+    "ours-all-logits": Peer("ours-all-logits", build_ours, seq2seq_loss),
     "marian": Peer("marian", build_marian, seq2seq_loss),
     "nn.Transformer": Peer("nn.Transformer", TorchTransformer, torch_transformer_loss),
 }

@@ -26,7 +26,7 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, slice_logits_to_keep
 from transformers.utils import can_return_tuple
 
 from .configuration_transformer import TransformerConfig
@@ -624,10 +624,15 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> Seq2SeqLMOutput:
         r"""
         labels: target token ids [batch, target_length]; -100 marks positions that count in no loss.
+        logits_to_keep: the decoder positions to project onto the vocabulary, as in other Hugging Face models: an int
+            keeps the last that many (0: all), a boolean [batch, target_length] mask keeps its True positions and
+            flattens the logits to [kept, vocab_size]. Training with `logits_to_keep=labels != -100` skips the output
+            projection and the softmax on padding, which are the largest per-token costs after the layers.
         num_items_in_batch: number of target tokens over all accumulated micro-batches (passed by the HF Trainer);
             the summed loss is divided by it so that gradient accumulation weighs every token equally.
         """
@@ -649,13 +654,17 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
         )
-        logits = self.lm_head(outputs.last_hidden_state)
+        logits = self.lm_head(slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep))
 
         loss = None
         if labels is not None:
+            kept_labels = slice_logits_to_keep(labels[..., None], logits_to_keep)[..., 0]
             per_token = num_items_in_batch is not None
             loss = F.cross_entropy(
-                logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum" if per_token else "mean"
+                logits.reshape(-1, logits.shape[-1]),
+                kept_labels.reshape(-1),
+                ignore_index=-100,
+                reduction="sum" if per_token else "mean",
             )
             if per_token:
                 loss = loss / num_items_in_batch

@@ -202,6 +202,32 @@ def test_loss_is_mean_token_cross_entropy_ignoring_minus_100(tiny_config):
     torch.testing.assert_close(summed, expected * (labels != -100).sum() / 10)
 
 
+def test_logits_to_keep_gives_the_same_logits_loss_and_gradients_for_the_kept_positions(tiny_config):
+    model = make_model(tiny_config, dropout=0.0)
+    source, target = random_batch(tiny_config)
+    labels = target.clone()
+    labels[0, -3:] = -100
+    labels[2, -1] = -100
+    is_target = labels != -100
+    full = model(input_ids=source, labels=labels)
+    full.loss.backward()
+    full_gradients = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+
+    kept = model(input_ids=source, labels=labels, logits_to_keep=is_target)
+    assert kept.logits.shape == (int(is_target.sum()), tiny_config.vocab_size)
+    torch.testing.assert_close(kept.logits, full.logits[is_target])
+    torch.testing.assert_close(kept.loss, full.loss)
+    kept.loss.backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, full_gradients[name], msg=name)
+
+    last = model(input_ids=source, labels=labels, logits_to_keep=2)
+    torch.testing.assert_close(last.logits, full.logits[:, -2:])
+    expected = torch.nn.functional.cross_entropy(full.logits[:, -2:].flatten(0, 1), labels[:, -2:].flatten())
+    torch.testing.assert_close(last.loss, expected)
+
+
 def test_token_ids_outside_the_vocabulary_give_a_clear_error(tiny_config):
     model = make_model(tiny_config)
     source, target = random_batch(tiny_config)

@@ -76,8 +76,8 @@ def test_non_finite_loss_stops_with_a_clear_message_and_keeps_good_weights(run_d
     original = TranslationModule.forward
 
     def poisoned(self, batch):
-        logits = original(self, batch)
-        return logits * float("nan") if self.global_step == 4 else logits
+        logits, labels = original(self, batch)
+        return (logits * float("nan") if self.global_step == 4 else logits), labels
 
     monkeypatch.setattr(TranslationModule, "forward", poisoned)
     with pytest.raises(FloatingPointError, match=r"Training loss is nan at step 4.*--ckpt_path last"):
