@@ -87,7 +87,8 @@ class AutoWandbLogger(WandbLogger):
         group: str | None = None,
     ):
         if offline is None:
-            offline = os.environ.get("WANDB_MODE") == "offline" or not wandb_credentials_found()
+            # "dryrun" is W&B's older spelling of offline, still accepted by wandb 0.31.
+            offline = os.environ.get("WANDB_MODE") in ("offline", "dryrun") or not wandb_credentials_found()
         super().__init__(
             project=project,
             name=name,

@@ -248,7 +248,8 @@ def test_logger_is_online_with_a_netrc_login(no_credentials):
     assert AutoWandbLogger(save_dir=str(no_credentials))._offline is False
 
 
-def test_wandb_mode_offline_wins_over_credentials(no_credentials, monkeypatch):
+@pytest.mark.parametrize("mode", ["offline", "dryrun"])
+def test_wandb_mode_offline_wins_over_credentials(no_credentials, monkeypatch, mode):
     monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
-    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_MODE", mode)
     assert AutoWandbLogger(save_dir=str(no_credentials))._offline is True
