@@ -64,16 +64,16 @@ def build_marian(size: dict, vocab_size: int) -> nn.Module:
     return MarianMTModel(config).to(dtype=torch.float32)
 
 
-def seq2seq_loss(model: nn.Module, batch: dict) -> torch.Tensor:
-    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
+def seq2seq_loss(model: nn.Module, batch: dict, **options) -> torch.Tensor:
+    return model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"], **options
+    ).loss
 
 
 def ours_loss(model: nn.Module, batch: dict) -> torch.Tensor:
     """Our model as our training step calls it: logits only at the target positions (`logits_to_keep`), an option
     that MarianMTModel's forward does not have. "ours-all-logits" is the same model called as Marian is."""
-    labels = batch["labels"]
-    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-    return model(**inputs, labels=labels, logits_to_keep=labels != -100).loss
+    return seq2seq_loss(model, batch, logits_to_keep=batch["labels"] != -100)
 
 
 class TorchTransformer(nn.Module):
