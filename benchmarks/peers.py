@@ -71,8 +71,10 @@ def seq2seq_loss(model: nn.Module, batch: dict, **options) -> torch.Tensor:
 
 
 def ours_loss(model: nn.Module, batch: dict) -> torch.Tensor:
-    """Our model as our training step calls it: logits only at the target positions (`logits_to_keep`), an option
-    that MarianMTModel's forward does not have. "ours-all-logits" is the same model called as Marian is."""
+    """Our model as our training step calls it: logits only at the target positions (`logits_to_keep`, an option
+    that MarianMTModel's forward does not have), which also spares the decoder layers the target padding.
+    "ours-all-logits" is the same model called as Marian is: it computes every target position (the encoder still
+    skips source padding, which the attention mask marks in both calls)."""
     return seq2seq_loss(model, batch, logits_to_keep=batch["labels"] != -100)
 
 

@@ -5,7 +5,7 @@ Each class maps onto a part of the paper; section and equation numbers in the do
 other on the Hub.
 
 Reading order: attention (eq. 1, section 3.2) -> feed-forward (eq. 2) -> "Add & Norm" -> positional encoding
-(section 3.5) -> encoder and decoder layers and stacks (section 3.1) -> the models.
+(section 3.5) -> the tokens that need computing -> encoder and decoder layers and stacks (section 3.1) -> the models.
 """
 
 import math
@@ -113,6 +113,7 @@ class MultiHeadAttention(nn.Module):
         key: torch.Tensor,
         value: torch.Tensor,
         attention_mask: torch.Tensor | None,
+        tokens: "ComputedTokens",
         output_attentions: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -135,7 +136,7 @@ class MultiHeadAttention(nn.Module):
             scaling=self.scaling,
         )
         batch, length = output.shape[:2]
-        return self.out_proj(output.reshape(batch, length, -1)), weights
+        return self.out_proj(tokens.pack(output.reshape(batch, length, -1))), weights
 
 
 class SelfAttention(MultiHeadAttention):
@@ -152,14 +153,15 @@ class SelfAttention(MultiHeadAttention):
     def forward(
         self,
         hidden_states: torch.Tensor,
+        tokens: "ComputedTokens",
         attention_mask: torch.Tensor | None = None,
         past_key_values: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        query, key, value = self.split_heads(self.qkv_proj(hidden_states))
+        query, key, value = self.split_heads(tokens.unpack(self.qkv_proj(hidden_states)))
         if past_key_values is not None:
             key, value = past_key_values.self_attention_cache.update(key, value, self.layer_idx)
-        return self.attend(query, key, value, attention_mask, output_attentions)
+        return self.attend(query, key, value, attention_mask, tokens, output_attentions)
 
 
 class EncoderDecoderAttention(MultiHeadAttention):
@@ -178,11 +180,12 @@ class EncoderDecoderAttention(MultiHeadAttention):
         self,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor,
+        tokens: "ComputedTokens",
         attention_mask: torch.Tensor | None = None,
         past_key_values: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        (query,) = self.split_heads(self.q_proj(hidden_states))
+        (query,) = self.split_heads(tokens.unpack(self.q_proj(hidden_states)))
         if past_key_values is not None and past_key_values.is_updated.get(self.layer_idx):
             cached = past_key_values.cross_attention_cache.layers[self.layer_idx]
             key, value = cached.keys, cached.values
@@ -191,7 +194,7 @@ class EncoderDecoderAttention(MultiHeadAttention):
             if past_key_values is not None:
                 key, value = past_key_values.cross_attention_cache.update(key, value, self.layer_idx)
                 past_key_values.is_updated[self.layer_idx] = True
-        return self.attend(query, key, value, attention_mask, output_attentions)
+        return self.attend(query, key, value, attention_mask, tokens, output_attentions)
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -263,6 +266,37 @@ def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
         )
 
 
+class ComputedTokens:
+    """The positions of a [batch, length] batch whose outputs are needed, so that padding costs no computation.
+
+    Every sub-layer but attention acts on each position separately (the projections, eq. 2, Add & Norm), so the layers
+    carry only the needed tokens, packed as [tokens, d_model]. Attention unpacks them to [batch, length, ...], with
+    zeros at the other positions, which the attention mask (or, after the last needed target token, the causal mask)
+    keeps out of every needed output. This is the padding removal of EffectiveTransformer and TurboTransformers.
+
+    Made from a 2D mask (nonzero = needed); from None, a prepared 4D mask or a mask with nothing to skip, `pack` and
+    `unpack` return their input.
+    """
+
+    def __init__(self, needed: torch.Tensor | None):
+        self.index = None
+        if needed is not None and needed.dim() == 2:
+            index = needed.flatten().nonzero().squeeze(-1)
+            if index.numel() < needed.numel():
+                self.index, self.shape = index, needed.shape
+
+    def pack(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[batch, length, ...] -> [tokens, ...]"""
+        return hidden_states if self.index is None else hidden_states.flatten(0, 1).index_select(0, self.index)
+
+    def unpack(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[tokens, ...] -> [batch, length, ...], zeros at the positions not computed."""
+        if self.index is None:
+            return hidden_states
+        unpacked = hidden_states.new_zeros(self.shape.numel(), *hidden_states.shape[1:])
+        return unpacked.index_copy(0, self.index, hidden_states).unflatten(0, self.shape)
+
+
 class EncoderLayer(GradientCheckpointingLayer):
     """Encoder layer: self-attention, then the feed-forward network, each wrapped in Add & Norm (3.1)."""
 
@@ -274,10 +308,17 @@ class EncoderLayer(GradientCheckpointingLayer):
         self.feed_forward_add_norm = AddAndNorm(config)
 
     def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, output_attentions: bool = False
+        self,
+        hidden_states: torch.Tensor,
+        tokens: ComputedTokens,
+        attention_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         attended, self_attn_weights = self.self_attn(
-            self.self_attn_add_norm.sublayer_input(hidden_states), attention_mask, output_attentions=output_attentions
+            self.self_attn_add_norm.sublayer_input(hidden_states),
+            tokens,
+            attention_mask,
+            output_attentions=output_attentions,
         )
         hidden_states = self.self_attn_add_norm(hidden_states, attended)
         transformed = self.feed_forward(self.feed_forward_add_norm.sublayer_input(hidden_states))
@@ -301,6 +342,7 @@ class DecoderLayer(GradientCheckpointingLayer):
         self,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor,
+        tokens: ComputedTokens,
         attention_mask: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         past_key_values: EncoderDecoderCache | None = None,
@@ -308,6 +350,7 @@ class DecoderLayer(GradientCheckpointingLayer):
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         attended, self_attn_weights = self.self_attn(
             self.self_attn_add_norm.sublayer_input(hidden_states),
+            tokens,
             attention_mask,
             past_key_values=past_key_values,
             output_attentions=output_attentions,
@@ -316,6 +359,7 @@ class DecoderLayer(GradientCheckpointingLayer):
         attended, cross_attn_weights = self.encoder_attn(
             self.encoder_attn_add_norm.sublayer_input(hidden_states),
             encoder_hidden_states,
+            tokens,
             encoder_attention_mask,
             past_key_values=past_key_values,
             output_attentions=output_attentions,
@@ -417,15 +461,19 @@ class TransformerEncoder(TransformerStack):
         output_attentions = _resolve(output_attentions, self.config, "output_attentions")
         output_hidden_states = _resolve(output_hidden_states, self.config, "output_hidden_states")
         hidden_states = self.embed(input_ids, inputs_embeds)
-        # Padding keys are masked; None when nothing is padded, so sdpa can take its fastest path.
+        # Padding is masked as keys, so no output depends on what the layers compute there: skip it.
+        tokens = ComputedTokens(attention_mask)
+        # None when nothing is padded, so sdpa can take its fastest path.
         attention_mask = create_bidirectional_mask(self.config, hidden_states, attention_mask)
+        hidden_states = tokens.pack(hidden_states)
 
         all_hidden_states, all_attentions = [], []
         for layer in self.layers:
-            all_hidden_states.append(hidden_states)
-            hidden_states, attention_weights = layer(hidden_states, attention_mask, output_attentions)
+            if output_hidden_states:
+                all_hidden_states.append(tokens.unpack(hidden_states))
+            hidden_states, attention_weights = layer(hidden_states, tokens, attention_mask, output_attentions)
             all_attentions.append(attention_weights)
-        hidden_states = self.final_norm(hidden_states)
+        hidden_states = tokens.unpack(self.final_norm(hidden_states))
         all_hidden_states.append(hidden_states)
         return BaseModelOutput(
             last_hidden_state=hidden_states,
@@ -452,7 +500,11 @@ class TransformerDecoder(TransformerStack):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        positions_needed: torch.Tensor | None = None,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
+        """positions_needed: boolean [batch, length], the positions whose outputs will be used (default: all). Without a
+        cache, the positions after the last needed one of each row are not computed (zeros in the output): under the
+        causal mask no earlier position depends on them, so this skips the target padding of a training batch."""
         if encoder_hidden_states is None:
             raise ValueError("The decoder attends to the encoder output: pass encoder_hidden_states.")
         output_attentions = _resolve(output_attentions, self.config, "output_attentions")
@@ -464,6 +516,11 @@ class TransformerDecoder(TransformerStack):
 
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         hidden_states = self.embed(input_ids, inputs_embeds, past_length)
+        if past_key_values is None and positions_needed is not None:
+            # A position is computed if it or any later position in its row is needed.
+            tokens = ComputedTokens(positions_needed.flip(-1).cumsum(-1).flip(-1) > 0)
+        else:
+            tokens = ComputedTokens(None)
         self_attn_mask = create_causal_mask(
             self.config,
             hidden_states,
@@ -474,12 +531,16 @@ class TransformerDecoder(TransformerStack):
             self.config, hidden_states, encoder_attention_mask, encoder_hidden_states=encoder_hidden_states
         )
 
+        hidden_states = tokens.pack(hidden_states)
+
         all_hidden_states, all_self_attentions, all_cross_attentions = [], [], []
         for layer in self.layers:
-            all_hidden_states.append(hidden_states)
+            if output_hidden_states:
+                all_hidden_states.append(tokens.unpack(hidden_states))
             hidden_states, self_attn_weights, cross_attn_weights = layer(
                 hidden_states,
                 encoder_hidden_states,
+                tokens,
                 self_attn_mask,
                 encoder_attention_mask,
                 past_key_values=past_key_values,
@@ -487,7 +548,7 @@ class TransformerDecoder(TransformerStack):
             )
             all_self_attentions.append(self_attn_weights)
             all_cross_attentions.append(cross_attn_weights)
-        hidden_states = self.final_norm(hidden_states)
+        hidden_states = tokens.unpack(self.final_norm(hidden_states))
         all_hidden_states.append(hidden_states)
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
@@ -545,7 +606,12 @@ class TransformerModel(TransformerPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        decoder_positions_needed: torch.Tensor | None = None,
     ) -> Seq2SeqModelOutput:
+        r"""
+        decoder_positions_needed: boolean [batch, target_length], the decoder positions whose outputs will be used; the
+            positions after the last needed one of each row are then not computed (see `TransformerDecoder`).
+        """
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids,
@@ -566,6 +632,7 @@ class TransformerModel(TransformerPreTrainedModel):
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            positions_needed=decoder_positions_needed,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
@@ -636,6 +703,8 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         num_items_in_batch: number of target tokens over all accumulated micro-batches (passed by the HF Trainer);
             the summed loss is divided by it so that gradient accumulation weighs every token equally.
         """
+        # A boolean mask also spares the decoder the positions after the last one kept (the target padding).
+        keeps_a_mask = isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.dtype == torch.bool
         if labels is not None:
             check_token_ids(labels[labels != -100], self.config.vocab_size)
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -653,6 +722,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            decoder_positions_needed=logits_to_keep if keeps_a_mask else None,
         )
         logits = self.lm_head(slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep))
 

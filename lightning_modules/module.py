@@ -132,10 +132,10 @@ class TranslationModule(pl.LightningModule):
     def forward(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher forcing: the decoder reads the target shifted right and predicts every next token at once.
 
-        Returns the logits [tokens, vocab] and the labels [tokens] of the target positions only: padding is never
-        projected onto the vocabulary (`logits_to_keep`). On a CPU batch with 17% target padding this made the
-        training step 3-8% faster. On GPUs each of the two boolean selections (hidden states, labels) waits for the
-        device once per step.
+        Returns the logits [tokens, vocab] and the labels [tokens] of the target positions only. Padding costs no
+        computation: the layers skip padded source positions (`attention_mask`) and, given `logits_to_keep`, the
+        target padding, which is never projected onto the vocabulary either. On GPUs each of the four boolean
+        selections (source and target tokens in the model, logits, labels) waits for the device once per step.
         """
         labels = batch["labels"]
         is_target = labels != -100

@@ -228,6 +228,61 @@ def test_logits_to_keep_gives_the_same_logits_loss_and_gradients_for_the_kept_po
     torch.testing.assert_close(last.loss, expected)
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_padding_is_not_computed_and_changes_no_logit_loss_or_gradient(tiny_config, checkpointing):
+    """The position-wise layers see only real source tokens and the target positions up to each row's last label;
+    logits, loss and gradients equal those of every pair run alone, unpadded."""
+    torch.manual_seed(0)
+    model = make_model(tiny_config, dropout=0.0)
+    if checkpointing:
+        model.train().activation_checkpointing_enable()
+    source, labels = random_batch(tiny_config, batch=3, source_length=9, target_length=7)
+    source_lengths, target_lengths = [9, 5, 7], [7, 4, 6]
+    attention_mask = (torch.arange(9) < torch.tensor(source_lengths)[:, None]).long()
+    source = source.masked_fill(attention_mask == 0, tiny_config.pad_token_id)
+    labels = labels.masked_fill(torch.arange(7) >= torch.tensor(target_lengths)[:, None], -100)
+    labels[2, 1] = -100  # ignored, but later positions attend to it: still computed
+    rows_seen = {}
+
+    def count_rows(name):
+        def hook(module, args, output):
+            rows_seen[name] = args[0].shape[0]
+
+        return hook
+
+    for name, module in model.named_modules():
+        if name.endswith("feed_forward.fc1"):
+            module.register_forward_hook(count_rows(name))
+
+    is_target = labels != -100
+    tokens = int(is_target.sum())
+    batched = model(
+        input_ids=source,
+        attention_mask=attention_mask,
+        labels=labels,
+        logits_to_keep=is_target,
+        num_items_in_batch=tokens,
+    )
+    batched.loss.backward()
+    batched_gradients = {name: p.grad.clone() for name, p in model.named_parameters()}
+    assert len(rows_seen) == tiny_config.encoder_layers + tiny_config.decoder_layers
+    for name, rows in rows_seen.items():
+        assert rows == (sum(source_lengths) if ".encoder." in name else sum(target_lengths)), name
+
+    model.zero_grad()
+    alone_logits, alone_loss = [], 0.0
+    for row, (source_length, target_length) in enumerate(zip(source_lengths, target_lengths, strict=True)):
+        row_labels = labels[row : row + 1, :target_length]
+        alone = model(input_ids=source[row : row + 1, :source_length], labels=row_labels, num_items_in_batch=tokens)
+        alone.loss.backward()
+        alone_loss += alone.loss
+        alone_logits.append(alone.logits[row_labels != -100])
+    torch.testing.assert_close(batched.logits, torch.cat(alone_logits), atol=1e-5, rtol=0)
+    torch.testing.assert_close(batched.loss, alone_loss)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(batched_gradients[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_token_ids_outside_the_vocabulary_give_a_clear_error(tiny_config):
     model = make_model(tiny_config)
     source, target = random_batch(tiny_config)
