@@ -126,10 +126,10 @@ def peak_memory(size_name: str, args: argparse.Namespace) -> dict:
 
 def generation_speed(args: argparse.Namespace) -> dict:
     """Sentences/s of greedy and beam-4 decoding, ours vs Marian with identical sizes and identical work: both get the
-    same length-sorted batches and decode exactly `--decode-length` tokens (min = max length), since untrained models
-    would otherwise stop at different points. Then our `translate()` (length-sorted token-budget batches, finished
-    sentences leaving the batch) against a naive loop of `generate()` over unsorted fixed-size batches, with natural
-    lengths, on a trained model if one is given (`--trained`)."""
+    same length-sorted batches, taking turns batch by batch, and decode exactly `--decode-length` tokens (min = max
+    length), since untrained models would otherwise stop at different points. Then our `translate()` (length-sorted
+    token-budget batches, finished sentences leaving the batch) against a naive loop of `generate()` over unsorted
+    fixed-size batches, with natural lengths, on a trained model if one is given (`--trained`)."""
     from lightning_modules.tokenization import train_bpe_tokenizer
 
     sentences = [line.strip() for line in read_split("test_2016_flickr", "en")][: args.limit]
@@ -145,14 +145,20 @@ def generation_speed(args: argparse.Namespace) -> dict:
     decode = dict(do_sample=False, max_length=args.decode_length + 1, min_length=args.decode_length + 1)
     for mode, options in (("greedy", dict(num_beams=1)), ("beam4", dict(num_beams=4, length_penalty=0.6))):
         rates = {name: [] for name in models}
-        for round_index in range(args.repeats):
-            for name in models if round_index % 2 == 0 else reversed(list(models)):
-                start = time.perf_counter()
-                with torch.inference_mode():
-                    for batch in batches:
-                        inputs = tokenizer.pad({"input_ids": [encoded[i] for i in batch]}, return_tensors="pt")
+        for round_index in range(args.repeats + 1):  # round 0 warms up and is not counted
+            seconds = dict.fromkeys(models, 0.0)
+            for batch_index, batch in enumerate(batches):
+                inputs = tokenizer.pad({"input_ids": [encoded[i] for i in batch]}, return_tensors="pt")
+                # The models take turns on every batch: the load of a shared machine drifts within a pass over the
+                # test set, and this way both models decode under the same drift.
+                for name in models if (round_index + batch_index) % 2 == 0 else reversed(list(models)):
+                    start = time.perf_counter()
+                    with torch.inference_mode():
                         models[name].generate(**inputs, **options, **decode)
-                rates[name].append(len(sentences) / (time.perf_counter() - start))
+                    seconds[name] += time.perf_counter() - start
+            if round_index:
+                for name in models:
+                    rates[name].append(len(sentences) / seconds[name])
         medians = {name: statistics.median(values) for name, values in rates.items()}
         results[mode] = {"sentences_per_sec": medians, "ratio_ours_over_marian": medians["ours"] / medians["marian"]}
 

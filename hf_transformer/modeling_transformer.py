@@ -294,7 +294,7 @@ class ComputedTokens:
         if self.index is None:
             return hidden_states
         unpacked = hidden_states.new_zeros(self.shape.numel(), *hidden_states.shape[1:])
-        return unpacked.index_copy(0, self.index, hidden_states).unflatten(0, self.shape)
+        return unpacked.index_copy_(0, self.index, hidden_states).unflatten(0, self.shape)
 
 
 class EncoderLayer(GradientCheckpointingLayer):
