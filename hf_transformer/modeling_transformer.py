@@ -675,6 +675,13 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
+        """Beam search in `generate()` calls this at every step to make the cache follow the surviving beams. Only the
+        self-attention cache needs it: a beam only ever continues a beam of its own sentence, and all beams of a
+        sentence hold the same encoder keys and values, so reordering those would copy them for nothing."""
+        past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        return past_key_values
+
     @can_return_tuple
     def forward(
         self,

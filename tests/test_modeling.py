@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+from transformers.cache_utils import DynamicCache
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TransformerModel
 
@@ -348,6 +349,30 @@ def test_greedy_generation_equals_an_argmax_loop_and_beam_and_sampling_run(tiny_
     torch.manual_seed(0)
     again = model.generate(source, attention_mask=mask, do_sample=True, num_beams=1, top_k=10, max_new_tokens=6)
     assert torch.equal(sampled, again)
+
+
+def test_beam_search_reorders_only_the_self_attention_cache_and_equals_reordering_both(tiny_config, monkeypatch):
+    model = make_model(tiny_config)
+    source, _ = random_batch(tiny_config, batch=3)
+    mask = torch.ones_like(source)
+    mask[1, 6:] = 0
+    reordered, reorder = [], DynamicCache.reorder_cache
+
+    def recording_reorder(cache: DynamicCache, beam_idx: torch.Tensor) -> None:
+        reordered.append(cache)
+        reorder(cache, beam_idx)
+
+    monkeypatch.setattr(DynamicCache, "reorder_cache", recording_reorder)
+    options = dict(attention_mask=mask, num_beams=4, max_new_tokens=6, return_dict_in_generate=True, output_scores=True)
+    ours = model.generate(source, **options)
+    assert reordered and all(cache is ours.past_key_values.self_attention_cache for cache in reordered)
+
+    monkeypatch.delattr(TransformerForConditionalGeneration, "_reorder_cache")  # generate() then reorders both
+    reordered.clear()
+    both = model.generate(source, **options)
+    assert any(cache is both.past_key_values.cross_attention_cache for cache in reordered)
+    assert torch.equal(ours.sequences, both.sequences)
+    torch.testing.assert_close(ours.sequences_scores, both.sequences_scores, atol=0, rtol=0)
 
 
 def test_a_tiny_model_learns_to_copy(tiny_config):
