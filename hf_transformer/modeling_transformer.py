@@ -461,7 +461,8 @@ class TransformerEncoder(TransformerStack):
         output_attentions = _resolve(output_attentions, self.config, "output_attentions")
         output_hidden_states = _resolve(output_hidden_states, self.config, "output_hidden_states")
         hidden_states = self.embed(input_ids, inputs_embeds)
-        # Padding is masked as keys, so no output depends on what the layers compute there: skip it.
+        # Padding is masked as keys, so no real output depends on what the layers compute there: skip it (the
+        # output there is zeros).
         tokens = ComputedTokens(attention_mask)
         # None when nothing is padded, so sdpa can take its fastest path.
         attention_mask = create_bidirectional_mask(self.config, hidden_states, attention_mask)
