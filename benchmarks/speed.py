@@ -138,7 +138,10 @@ def generation_speed(args: argparse.Namespace) -> dict:
     models = {"ours": build_ours(size, len(tokenizer)).eval(), "marian": build_marian(size, len(tokenizer)).eval()}
     encoded = tokenizer(sentences)["input_ids"]
     order = sorted(range(len(sentences)), key=lambda i: len(encoded[i]))
-    batches = [order[i : i + args.batch_size] for i in range(0, len(order), args.batch_size)]
+    batches = [
+        tokenizer.pad({"input_ids": [encoded[i] for i in order[start : start + args.batch_size]]}, return_tensors="pt")
+        for start in range(0, len(order), args.batch_size)
+    ]
     results = {}
     # Decoder lengths count the start token. Fixed lengths as max/min_length: max_new_tokens would clash with the
     # generation config's max_length.
@@ -147,8 +150,7 @@ def generation_speed(args: argparse.Namespace) -> dict:
         rates = {name: [] for name in models}
         for round_index in range(args.repeats + 1):  # round 0 warms up and is not counted
             seconds = dict.fromkeys(models, 0.0)
-            for batch_index, batch in enumerate(batches):
-                inputs = tokenizer.pad({"input_ids": [encoded[i] for i in batch]}, return_tensors="pt")
+            for batch_index, inputs in enumerate(batches):
                 # The models take turns on every batch: the load of a shared machine drifts within a pass over the
                 # test set, and this way both models decode under the same drift.
                 for name in models if (round_index + batch_index) % 2 == 0 else reversed(list(models)):

@@ -707,11 +707,11 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         logits_to_keep: the decoder positions to project onto the vocabulary, as in other Hugging Face models: an int
             keeps the last that many (0: all), a boolean [batch, target_length] mask keeps its True positions and
             flattens the logits to [kept, vocab_size]. Training with `logits_to_keep=labels != -100` skips the output
-            projection and the softmax on padding, which are the largest per-token costs after the layers.
+            projection and the softmax on padding, which are the largest per-token costs after the layers; without a
+            cache, a boolean mask also spares the decoder layers the positions after each row's last True.
         num_items_in_batch: number of target tokens over all accumulated micro-batches (passed by the HF Trainer);
             the summed loss is divided by it so that gradient accumulation weighs every token equally.
         """
-        # A boolean mask also spares the decoder the positions after the last one kept (the target padding).
         keeps_a_mask = isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.dtype == torch.bool
         if labels is not None:
             check_token_ids(labels[labels != -100], self.config.vocab_size)
