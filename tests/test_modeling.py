@@ -152,7 +152,8 @@ def test_sinusoidal_encoding_matches_the_formula():
     from hf_transformer.modeling_transformer import SinusoidalPositionalEncoding
 
     d_model = 16
-    encoding = SinusoidalPositionalEncoding(d_model)(torch.arange(50))
+    encoding = SinusoidalPositionalEncoding(50, d_model)(0, 50)
+    assert torch.equal(SinusoidalPositionalEncoding(50, d_model)(7, 3), encoding[7:10])
     for pos in (0, 7, 49):
         for i in range(d_model // 2):
             angle = torch.tensor(pos / 10000 ** (2 * i / d_model))
@@ -422,6 +423,7 @@ def test_save_and_load_round_trip_exactly(tiny_config, tmp_path):
         stored = weights.keys()
         embedding_keys = [key for key in stored if "embed_tokens" in key or "lm_head" in key]
     assert embedding_keys == ["model.encoder.embed_tokens.weight"]  # the tied matrix is written once
+    assert not any("positional_encoding" in key for key in stored)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_transformer.TransformerForConditionalGeneration"
 
@@ -446,6 +448,11 @@ def test_save_and_load_round_trip_exactly(tiny_config, tmp_path):
     half = TransformerForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.bfloat16)
     assert half.lm_head.weight.dtype == torch.bfloat16
     assert half.generate(source, max_new_tokens=3).shape[0] == 3
+    # The sinusoid tables are not saved: from_pretrained, which builds on the meta device, recomputes them.
+    sinusoids = model.model.encoder.positional_encoding.table
+    for stack in (loaded.model.encoder, loaded.model.decoder, half.model.encoder, half.model.decoder):
+        table = stack.positional_encoding.table
+        assert torch.equal(table, sinusoids.to(table.dtype))
 
 
 REMOTE_LOAD = textwrap.dedent(
