@@ -4,6 +4,9 @@
     python benchmarks/speed.py --generation          # + generation on Multi30k test_2016_flickr (needs MULTI30K_DIR)
     python benchmarks/speed.py --sizes small --repeats 3 --steps 2 --out /tmp/speed.json   # a quick look
 
+On a CUDA GPU it adds the bf16-mixed section: ours and Marian at the base and big sizes, eager and under
+`torch.compile`, with MFU (model FLOPs from `training_flops`, peak FLOP/s of the GPU from Lightning's table).
+
 Reports medians over `--repeats` alternating rounds and the ratio ours / peer (above 1 means we are faster, or for
 memory, that we use more). Results are printed as tables and written as JSON.
 """
@@ -17,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from lightning.fabric.utilities.throughput import get_available_flops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from multi30k import read_split  # noqa: E402
@@ -32,37 +36,60 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def train_throughput(size_name: str, args: argparse.Namespace) -> dict:
-    """Target tokens per second of forward + backward + Adam step, median over alternating rounds."""
+def train_throughput(
+    size_name: str,
+    args: argparse.Namespace,
+    peers: list[str],
+    max_tokens: int,
+    bf16: bool = False,
+    compiled: bool = False,
+) -> dict:
+    """Target tokens per second of forward + backward + Adam step, median over alternating rounds, and MFU where the
+    device's peak FLOP/s is known (our model's `training_flops` of the batch, the same useful work for every model).
+    bf16: forward under bf16 autocast, as Lightning's bf16-mixed; compiled: each model also under `torch.compile`."""
     device = torch.device(args.device)
     size = SIZES[size_name]
-    batch = {k: v.to(device) for k, v in random_batch(args.vocab_size, args.max_tokens, 20, seed=0).items()}
-    target_tokens = int((batch["labels"] != -100).sum())
-    models, optimizers = {}, {}
-    for name in args.peers:
+    batch = {k: v.to(device) for k, v in random_batch(args.vocab_size, max_tokens, 20, seed=0).items()}
+    target_lengths = (batch["labels"] != -100).sum(-1)
+    target_tokens = int(target_lengths.sum())
+    runs = {}  # label -> (peer, model, optimizer)
+    for name, compile_model in [(name, False) for name in peers] + [(name, True) for name in peers if compiled]:
         torch.manual_seed(0)
-        models[name] = PEERS[name].build(size, args.vocab_size).to(device).train()
-        optimizers[name] = torch.optim.Adam(models[name].parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-    rates = {name: [] for name in args.peers}
-    for round_index in range(args.repeats + 1):  # round 0 warms up (allocator, kernels) and is not counted
-        for name in args.peers if round_index % 2 == 0 else reversed(args.peers):
-            model, optimizer = models[name], optimizers[name]
+        model = PEERS[name].build(size, args.vocab_size).to(device).train()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+        runs[f"{name} compiled" if compile_model else name] = (
+            PEERS[name],
+            torch.compile(model) if compile_model else model,
+            optimizer,
+        )
+    flops = int(runs["ours"][1].training_flops(batch["attention_mask"].sum(-1), target_lengths))
+    peak_flops = get_available_flops(device, torch.bfloat16 if bf16 else torch.float32)
+    rates = {label: [] for label in runs}
+    for round_index in range(args.repeats + 1):  # round 0 warms up (allocator, kernels, compilation): not counted
+        for label in runs if round_index % 2 == 0 else reversed(runs):
+            peer, model, optimizer = runs[label]
             synchronize(device)
             start = time.perf_counter()
             for _ in range(args.steps):
-                loss = PEERS[name].loss(model, batch)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                    loss = peer.loss(model, batch)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
             synchronize(device)
             if round_index:
-                rates[name].append(args.steps * target_tokens / (time.perf_counter() - start))
-    medians = {name: statistics.median(values) for name, values in rates.items()}
+                rates[label].append(args.steps * target_tokens / (time.perf_counter() - start))
+    medians = {label: statistics.median(values) for label, values in rates.items()}
+    mfu = {label: rate / target_tokens * flops / peak_flops for label, rate in medians.items()} if peak_flops else None
     return {
         "size": size_name,
+        "precision": "bf16-mixed" if bf16 else "32-true",
         "target_tokens_per_batch": target_tokens,
         "tokens_per_sec": medians,
-        "ratio_ours_over": {name: medians["ours"] / medians[name] for name in medians if name != "ours"},
+        "ratio_ours_over": {label: medians["ours"] / medians[label] for label in medians if label != "ours"},
+        "model_flops_per_step": flops,
+        "peak_flops": peak_flops,
+        "mfu": mfu,
     }
 
 
@@ -217,6 +244,16 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument(
+        "--bf16-section",
+        action="store_true",
+        help="run the bf16-mixed section (ours and Marian, MFU, torch.compile) on a non-CUDA device too: a smoke test",
+    )
+    parser.add_argument("--bf16-sizes", nargs="+", default=["base", "big"], choices=sorted(SIZES))
+    parser.add_argument("--bf16-max-tokens", type=int, default=16384, help="token budget of the bf16 section's batch")
+    parser.add_argument(
+        "--no-compile", action="store_true", help="leave out the torch.compile runs of the bf16 section"
+    )
     parser.add_argument("--generation", action="store_true")
     parser.add_argument("--generation-size", default="small", choices=sorted(SIZES))
     parser.add_argument("--decode-length", type=int, default=20)
@@ -236,7 +273,7 @@ def main() -> None:
         "device": args.device,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "training": [train_throughput(size, args) for size in args.sizes],
+        "training": [train_throughput(size, args, args.peers, args.max_tokens) for size in args.sizes],
     }
     rows = [["size", *(f"{name} tok/s" for name in args.peers), *(f"ours/{n}" for n in args.peers[1:])]]
     for entry in report["training"]:
@@ -248,6 +285,25 @@ def main() -> None:
             ]
         )
     print_table(f"Training step throughput, target tokens/s (median of {args.repeats}, {args.device})", rows)
+
+    if args.device == "cuda" or args.bf16_section:
+        peers = [name for name in args.peers if name in ("ours", "marian")]
+        report["bf16_training"] = [
+            train_throughput(size, args, peers, args.bf16_max_tokens, bf16=True, compiled=not args.no_compile)
+            for size in args.bf16_sizes
+        ]
+        rows = [["size", "model", "tok/s", "MFU", "ours/model"]]
+        for entry in report["bf16_training"]:
+            for label, rate in entry["tokens_per_sec"].items():
+                mfu = f"{entry['mfu'][label]:.1%}" if entry["mfu"] else "n/a"
+                ratio = f"{entry['ratio_ours_over'][label]:.2f}" if label != "ours" else ""
+                rows.append([entry["size"], label, f"{rate:.0f}", mfu, ratio])
+        print_table(
+            f"bf16-mixed training step, target tokens/s and MFU (median of {args.repeats}, {args.device})", rows
+        )
+    else:
+        report["bf16_training"] = "skipped: no CUDA GPU"
+        print("\nbf16-mixed training and MFU: skipped, no CUDA GPU (--bf16-section runs it here anyway)")
 
     if not args.no_memory:
         report["memory"] = [peak_memory(size, args) for size in args.sizes]

@@ -685,6 +685,28 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    def training_flops(self, source_lengths: torch.Tensor, target_lengths: torch.Tensor) -> torch.Tensor:
+        """Model FLOPs of one training step (forward and backward) on pairs of these lengths: the numerator of MFU.
+
+        Counts the matrix multiplies, at 2 FLOPs per multiply-add and 3x the forward for forward + backward (the
+        convention of PaLM's appendix B): the projections and feed-forward layers of every real token, the attention
+        scores and weighted sums in full (as fused kernels compute them, causal or not) and the output projection of
+        every target token. Padding, which the model does not compute, does not count, nor does recomputation.
+        Takes and returns tensors, so that counting on a GPU does not wait for it.
+        """
+        config, d = self.config, self.config.d_model
+        source, target = source_lengths.long(), target_lengths.long()
+        source_tokens, target_tokens = source.sum(), target.sum()
+        encoder_layer = source_tokens * (4 * d * d + 2 * d * config.encoder_ffn_dim) + 2 * d * (source * source).sum()
+        decoder_layer = (
+            # Self-attention (Q, K, V, output), encoder-decoder queries and output, feed-forward.
+            target_tokens * (6 * d * d + 2 * d * config.decoder_ffn_dim)
+            + source_tokens * 2 * d * d  # the encoder-decoder keys and values, computed once per layer
+            + 2 * d * ((target * target).sum() + (target * source).sum())
+        )
+        output_projection = target_tokens * d * config.vocab_size
+        return 6 * (config.encoder_layers * encoder_layer + config.decoder_layers * decoder_layer + output_projection)
+
     def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
         """Beam search in `generate()` calls this at every step to make the cache follow the surviving beams. Only the
         self-attention cache needs it: a beam only ever continues a beam of its own sentence, and all beams of a

@@ -15,8 +15,7 @@ from lightning.pytorch.loggers import WandbLogger
 
 class TranslationThroughput(pl.Callback):
     """Logs target tokens/s, source+target tokens/s, padding efficiency (real / padded tokens) and, where the
-    device's peak FLOP/s is known, model FLOPs utilisation (6 FLOPs per parameter per target token for forward and
-    backward, the usual estimate; attention scores are left out)."""
+    device's peak FLOP/s is known, model FLOPs utilisation (the model's `training_flops` per second over the peak)."""
 
     def __init__(self, log_every_n_steps: int = 10):
         super().__init__()
@@ -25,10 +24,9 @@ class TranslationThroughput(pl.Callback):
 
     def _reset(self) -> None:
         self._start = time.perf_counter()
-        self._target_tokens = self._real_tokens = self._padded_tokens = 0
+        self._target_tokens = self._real_tokens = self._padded_tokens = self._flops = 0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._parameters = sum(p.numel() for p in pl_module.parameters())
         dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(trainer.precision.split("-")[0], torch.float32)
         self._peak_flops = get_available_flops(pl_module.device, dtype)
         self._reset()
@@ -39,12 +37,15 @@ class TranslationThroughput(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: dict, batch_idx: int
     ) -> None:
-        labels = batch["labels"]
+        labels, attention_mask = batch["labels"], batch["attention_mask"]
         # Counted on the device and read only when logging, so no step waits for the GPU.
-        target_tokens = (labels != -100).sum()
+        target_lengths = (labels != -100).sum(-1)
+        target_tokens = target_lengths.sum()
         self._target_tokens += target_tokens
-        self._real_tokens += batch["attention_mask"].sum() + target_tokens
-        self._padded_tokens += batch["attention_mask"].numel() + labels.numel()
+        self._real_tokens += attention_mask.sum() + target_tokens
+        if self._peak_flops:
+            self._flops += pl_module.model.training_flops(attention_mask.sum(-1), target_lengths)
+        self._padded_tokens += attention_mask.numel() + labels.numel()
         if (batch_idx + 1) % self.log_every_n_steps:
             return
         seconds = time.perf_counter() - self._start
@@ -55,7 +56,7 @@ class TranslationThroughput(pl.Callback):
             "throughput/padding_efficiency": self._real_tokens / self._padded_tokens,
         }
         if self._peak_flops:
-            metrics["throughput/mfu"] = 6 * self._parameters * self._target_tokens / seconds / self._peak_flops
+            metrics["throughput/mfu"] = int(self._flops) / seconds / self._peak_flops
         pl_module.log_dict(metrics)
         self._reset()
 

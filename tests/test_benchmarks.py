@@ -30,6 +30,18 @@ def test_speed_benchmark_runs(tmp_path):
     assert set(report["training"][0]["tokens_per_sec"]) == {"ours", "ours-all-logits", "marian", "nn.Transformer"}
     assert set(report["memory"][0]["peak_step_mib"]) == {"ours", "ours-all-logits", "marian", "nn.Transformer"}
     assert "Training step throughput" in stdout
+    assert report["bf16_training"] == "skipped: no CUDA GPU"
+
+
+def test_bf16_section_of_the_speed_benchmark_runs(tmp_path):
+    """The GPU section (bf16-mixed, MFU), forced onto the CPU; torch.compile is left out for time (see
+    test_modeling.py). On a CPU Lightning knows no peak FLOP/s, so there is no MFU."""
+    out = tmp_path / "speed.json"
+    bf16 = ("--bf16-section", "--bf16-sizes", "small", "--bf16-max-tokens", "256", "--no-compile")
+    run(str(BENCHMARKS / "speed.py"), *TINY_SPEED, "--peers", "ours", "marian", "--no-memory", *bf16, "--out", str(out))
+    (entry,) = json.loads(out.read_text())["bf16_training"]
+    assert entry["precision"] == "bf16-mixed" and set(entry["tokens_per_sec"]) == {"ours", "marian"}
+    assert entry["model_flops_per_step"] > 0 and entry["mfu"] is None
 
 
 def test_generation_benchmark_runs(tmp_path):

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -283,6 +284,45 @@ def test_padding_is_not_computed_and_changes_no_logit_loss_or_gradient(tiny_conf
     torch.testing.assert_close(batched.loss, alone_loss)
     for name, p in model.named_parameters():
         torch.testing.assert_close(batched_gradients[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_training_flops_count_every_matrix_multiply_of_a_training_step(tiny_config):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    # Unequal stacks and feed-forward sizes, so that a term counted in the wrong stack shows.
+    model = make_model(tiny_config, decoder_layers=3, encoder_ffn_dim=48, _attn_implementation="eager")
+    source_lengths, target_lengths = [9, 3, 5], [4, 7, 5]
+    counted = 0
+    for source_length, target_length in zip(source_lengths, target_lengths, strict=True):
+        source, labels = random_batch(tiny_config, 1, source_length, target_length)
+        with FlopCounterMode(display=False) as counter:
+            model(input_ids=source, labels=labels).loss.backward()
+        counted += counter.get_total_flops()
+    expected = model.training_flops(torch.tensor(source_lengths), torch.tensor(target_lengths))
+    assert int(expected) == counted
+
+
+def test_torch_compile_gives_the_same_loss_and_gradients(tiny_config):
+    """The training step as the speed benchmark's compiled runs take it: padded source, -100 labels, boolean
+    logits_to_keep (whose data-dependent shapes break the graph there)."""
+    model = make_model(tiny_config)  # eval: no dropout, whose random stream differs under compilation
+    source, labels = random_batch(tiny_config)
+    attention_mask = torch.ones_like(source)
+    attention_mask[0, 6:] = 0
+    labels[1, 5:] = -100
+
+    def loss_and_gradients(forward: Callable) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad()
+        batch = dict(input_ids=source, attention_mask=attention_mask, labels=labels, logits_to_keep=labels != -100)
+        loss = forward(**batch).loss
+        loss.backward()
+        return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    eager_loss, eager_gradients = loss_and_gradients(model)
+    compiled_loss, compiled_gradients = loss_and_gradients(torch.compile(model))
+    torch.testing.assert_close(compiled_loss, eager_loss)
+    for name, gradient in eager_gradients.items():
+        torch.testing.assert_close(compiled_gradients[name], gradient, msg=name)
 
 
 def test_token_ids_outside_the_vocabulary_give_a_clear_error(tiny_config):

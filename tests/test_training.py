@@ -7,11 +7,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from hf_transformer import TransformerForConditionalGeneration
 from lightning_modules.checkpoint import average_checkpoints, export, load_checkpoint, model_from_checkpoint
 from lightning_modules.cli import main
 from lightning_modules.module import noam_lr_lambda
@@ -35,6 +37,31 @@ def test_noam_schedule_is_the_papers_formula():
         expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
         assert math.isclose(lr(step - 1), expected)
     assert max(range(8000), key=lr) == 3999  # the peak is at step 4000
+
+
+def test_mfu_is_the_model_flops_per_second_over_the_device_peak(tiny_config, monkeypatch):
+    from lightning_modules import callbacks
+
+    peak = 1e12  # what lightning reports for a GPU it knows; on a CPU it knows none, and MFU is not logged
+    monkeypatch.setattr(callbacks, "get_available_flops", lambda device, dtype: peak)
+    logged = {}
+    module = SimpleNamespace(
+        model=TransformerForConditionalGeneration(tiny_config), device=torch.device("cpu"), log_dict=logged.update
+    )
+    trainer = SimpleNamespace(precision="bf16-mixed")
+    throughput = callbacks.TranslationThroughput(log_every_n_steps=2)
+    batch = {
+        "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]),  # source lengths 3 and 4
+        "labels": torch.tensor([[5, 6, -100], [7, 8, 9]]),  # target lengths 2 and 3
+    }
+    throughput.on_train_start(trainer, module)
+    for batch_idx in range(2):
+        throughput.on_train_batch_end(trainer, module, None, batch, batch_idx)
+    # Both rates share the elapsed time, so their ratio is the model FLOPs per target token.
+    flops_per_target_token = int(module.model.training_flops(torch.tensor([3, 4]), torch.tensor([2, 3]))) / 5
+    assert logged["throughput/mfu"] * peak / logged["throughput/target_tokens_per_sec"] == pytest.approx(
+        flops_per_target_token
+    )
 
 
 @pytest.mark.slow
