@@ -159,14 +159,20 @@ def generation_speed(args: argparse.Namespace) -> dict:
     fixed-size batches, with natural lengths, on a trained model if one is given (`--trained`)."""
     from lightning_modules.tokenization import train_bpe_tokenizer
 
+    device = torch.device(args.device)
     sentences = [line.strip() for line in read_split("test_2016_flickr", "en")][: args.limit]
     tokenizer = train_bpe_tokenizer([sentences], args.vocab_size, 1)
     size = SIZES[args.generation_size]
-    models = {"ours": build_ours(size, len(tokenizer)).eval(), "marian": build_marian(size, len(tokenizer)).eval()}
+    models = {
+        name: build(size, len(tokenizer)).to(device).eval()
+        for name, build in (("ours", build_ours), ("marian", build_marian))
+    }
     encoded = tokenizer(sentences)["input_ids"]
     order = sorted(range(len(sentences)), key=lambda i: len(encoded[i]))
     batches = [
-        tokenizer.pad({"input_ids": [encoded[i] for i in order[start : start + args.batch_size]]}, return_tensors="pt")
+        tokenizer.pad(
+            {"input_ids": [encoded[i] for i in order[start : start + args.batch_size]]}, return_tensors="pt"
+        ).to(device)
         for start in range(0, len(order), args.batch_size)
     ]
     results = {}
@@ -184,6 +190,7 @@ def generation_speed(args: argparse.Namespace) -> dict:
                     start = time.perf_counter()
                     with torch.inference_mode():
                         models[name].generate(**inputs, **options, **decode)
+                    synchronize(device)
                     seconds[name] += time.perf_counter() - start
             if round_index:
                 for name in models:
@@ -194,7 +201,7 @@ def generation_speed(args: argparse.Namespace) -> dict:
     if args.trained:
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-        model = AutoModelForSeq2SeqLM.from_pretrained(args.trained).eval()
+        model = AutoModelForSeq2SeqLM.from_pretrained(args.trained).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(args.trained)
     else:
         model = models["ours"]
@@ -221,7 +228,9 @@ def naive_loop(model, tokenizer, sentences: list[str], batch_size: int) -> list[
     outputs = []
     with torch.inference_mode():
         for start in range(0, len(sentences), batch_size):
-            inputs = tokenizer(sentences[start : start + batch_size], return_tensors="pt", padding=True)
+            inputs = tokenizer(sentences[start : start + batch_size], return_tensors="pt", padding=True).to(
+                model.device
+            )
             generated = model.generate(**inputs, num_beams=4, max_length=inputs["input_ids"].shape[1] + 51)
             outputs += tokenizer.batch_decode(generated, skip_special_tokens=True)
     return outputs
@@ -331,7 +340,9 @@ def main() -> None:
                     f"{entry['ratio_ours_over_marian']:.2f}",
                 ]
             )
-        print_table(f"Generation, {args.generation_size} size, Multi30k test (median of {args.repeats})", rows)
+        print_table(
+            f"Generation, {args.generation_size} size, Multi30k test (median of {args.repeats}, {args.device})", rows
+        )
         entry = report["generation"]["batched_translate"]
         print_table(
             f"translate() vs naive generate() loop, beam 4 ({entry['model']})",
