@@ -39,12 +39,12 @@ class TranslationThroughput(pl.Callback):
     ) -> None:
         labels, attention_mask = batch["labels"], batch["attention_mask"]
         # Counted on the device and read only when logging, so no step waits for the GPU.
-        target_lengths = (labels != -100).sum(-1)
+        source_lengths, target_lengths = attention_mask.sum(-1), (labels != -100).sum(-1)
         target_tokens = target_lengths.sum()
         self._target_tokens += target_tokens
-        self._real_tokens += attention_mask.sum() + target_tokens
+        self._real_tokens += source_lengths.sum() + target_tokens
         if self._peak_flops:
-            self._flops += pl_module.model.training_flops(attention_mask.sum(-1), target_lengths)
+            self._flops += pl_module.model.training_flops(source_lengths, target_lengths)
         self._padded_tokens += attention_mask.numel() + labels.numel()
         if (batch_idx + 1) % self.log_every_n_steps:
             return
