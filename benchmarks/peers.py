@@ -11,6 +11,7 @@ from torch import nn
 from transformers import MarianConfig, MarianMTModel
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
+from hf_transformer.loss import translation_loss
 
 SIZES = {
     "small": dict(d_model=256, layers=3, heads=4, ffn_dim=1024),
@@ -71,11 +72,12 @@ def seq2seq_loss(model: nn.Module, batch: dict, **options) -> torch.Tensor:
 
 
 def ours_loss(model: nn.Module, batch: dict) -> torch.Tensor:
-    """Our model as our training step calls it: logits only at the target positions (`logits_to_keep`, an option
-    that MarianMTModel's forward does not have), which also spares the decoder layers the target padding.
-    "ours-all-logits" is the same model called as Marian is: it computes every target position (the encoder still
-    skips source padding, which the attention mask marks in both calls)."""
-    return seq2seq_loss(model, batch, logits_to_keep=batch["labels"] != -100)
+    """Our model as our training step calls it (`translation_loss`, without label smoothing, as Marian's loss): the
+    decoder skips the target padding, and the output projection and the loss run chunk by chunk on the target
+    positions only; compiled, every position. "ours-all-logits" is the same model called as Marian is: full logits
+    for every target position (the encoder still skips source padding, which the attention mask marks in both)."""
+    loss_sum, target_tokens = translation_loss(model, batch)
+    return loss_sum / target_tokens
 
 
 class TorchTransformer(nn.Module):

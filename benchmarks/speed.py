@@ -4,8 +4,9 @@
     python benchmarks/speed.py --generation          # + generation on Multi30k test_2016_flickr (needs MULTI30K_DIR)
     python benchmarks/speed.py --sizes small --repeats 3 --steps 2 --out /tmp/speed.json   # a quick look
 
-On a CUDA GPU it adds the bf16-mixed section: ours and Marian at the base and big sizes, eager and under
-`torch.compile`, with MFU (model FLOPs from `training_flops`, peak FLOP/s of the GPU from Lightning's table).
+On a CUDA GPU it adds the bf16-mixed section: ours and Marian at the base and big sizes, with 16k- and 64k-token
+batches and a 32k vocabulary, eager and under `torch.compile`, with MFU (model FLOPs from `training_flops`, peak
+FLOP/s of the GPU from Lightning's table).
 
 Reports medians over `--repeats` alternating rounds and the ratio ours / peer (above 1 means we are faster, or for
 memory, that we use more). Results are printed as tables and written as JSON.
@@ -41,52 +42,71 @@ def train_throughput(
     args: argparse.Namespace,
     peers: list[str],
     max_tokens: int,
+    vocab_size: int,
     bf16: bool = False,
     compiled: bool = False,
 ) -> dict:
     """Target tokens per second of forward + backward + Adam step, median over alternating rounds, and MFU where the
     device's peak FLOP/s is known (our model's `training_flops` of the batch, the same useful work for every model).
-    bf16: forward under bf16 autocast, as Lightning's bf16-mixed; compiled: each model also under `torch.compile`."""
+    bf16: forward under bf16 autocast, as Lightning's bf16-mixed; compiled: each model's loss also under
+    `torch.compile` with dynamic shapes, as the training module compiles ours (`compile_training_loss`). Adam is fused
+    on CUDA and multi-tensor elsewhere, as in training. A run that does not fit in GPU memory is reported as None."""
     device = torch.device(args.device)
     size = SIZES[size_name]
-    batch = {k: v.to(device) for k, v in random_batch(args.vocab_size, max_tokens, 20, seed=0).items()}
+    batch = {k: v.to(device) for k, v in random_batch(vocab_size, max_tokens, 20, seed=0).items()}
     target_lengths = (batch["labels"] != -100).sum(-1)
     target_tokens = int(target_lengths.sum())
-    runs = {}  # label -> (peer, model, optimizer)
-    for name, compile_model in [(name, False) for name in peers] + [(name, True) for name in peers if compiled]:
+    runs = {}  # label -> (loss function, model, optimizer)
+    for name, compile_loss in [(name, False) for name in peers] + [(name, True) for name in peers if compiled]:
         torch.manual_seed(0)
-        model = PEERS[name].build(size, args.vocab_size).to(device).train()
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-        runs[f"{name} compiled" if compile_model else name] = (
-            PEERS[name],
-            torch.compile(model) if compile_model else model,
-            optimizer,
+        model = PEERS[name].build(size, vocab_size).to(device).train()
+        fused = device.type == "cuda"
+        optimizer = torch.optim.Adam(
+            model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=fused, foreach=not fused
         )
+        loss = torch.compile(PEERS[name].loss, dynamic=True) if compile_loss else PEERS[name].loss
+        runs[f"{name} compiled" if compile_loss else name] = (loss, model, optimizer)
     flops = int(runs["ours"][1].training_flops(batch["attention_mask"].sum(-1), target_lengths))
     peak_flops = get_available_flops(device, torch.bfloat16 if bf16 else torch.float32)
     rates = {label: [] for label in runs}
     for round_index in range(args.repeats + 1):  # round 0 warms up (allocator, kernels, compilation): not counted
         for label in runs if round_index % 2 == 0 else reversed(runs):
-            peer, model, optimizer = runs[label]
+            if rates[label] is None:
+                continue
+            loss_function, model, optimizer = runs[label]
             synchronize(device)
             start = time.perf_counter()
-            for _ in range(args.steps):
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                    loss = peer.loss(model, batch)
+            try:
+                for _ in range(args.steps):
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                        loss = loss_function(model, batch)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+                synchronize(device)
+            except torch.OutOfMemoryError:
+                rates[label], runs[label] = None, None  # frees the model and its optimizer state
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-            synchronize(device)
+                continue
             if round_index:
                 rates[label].append(args.steps * target_tokens / (time.perf_counter() - start))
-    medians = {label: statistics.median(values) for label, values in rates.items()}
-    mfu = {label: rate / target_tokens * flops / peak_flops for label, rate in medians.items()} if peak_flops else None
+    medians = {label: statistics.median(values) if values else None for label, values in rates.items()}
+    mfu = (
+        {label: rate and rate / target_tokens * flops / peak_flops for label, rate in medians.items()}
+        if peak_flops
+        else None
+    )
     return {
         "size": size_name,
         "precision": "bf16-mixed" if bf16 else "32-true",
+        "vocab_size": vocab_size,
         "target_tokens_per_batch": target_tokens,
         "tokens_per_sec": medians,
-        "ratio_ours_over": {label: medians["ours"] / medians[label] for label in medians if label != "ours"},
+        "ratio_ours_over": {
+            label: medians["ours"] and rate and medians["ours"] / rate
+            for label, rate in medians.items()
+            if label != "ours"
+        },
         "model_flops_per_step": flops,
         "peak_flops": peak_flops,
         "mfu": mfu,
@@ -259,7 +279,10 @@ def main() -> None:
         help="run the bf16-mixed section (ours and Marian, MFU, torch.compile) on a non-CUDA device too: a smoke test",
     )
     parser.add_argument("--bf16-sizes", nargs="+", default=["base", "big"], choices=sorted(SIZES))
-    parser.add_argument("--bf16-max-tokens", type=int, default=16384, help="token budget of the bf16 section's batch")
+    parser.add_argument(
+        "--bf16-max-tokens", type=int, nargs="+", default=[16384, 65536], help="token budgets of the bf16 section"
+    )
+    parser.add_argument("--bf16-vocab-size", type=int, default=32000, help="vocabulary of the bf16 section")
     parser.add_argument(
         "--no-compile", action="store_true", help="leave out the torch.compile runs of the bf16 section"
     )
@@ -282,7 +305,7 @@ def main() -> None:
         "device": args.device,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "training": [train_throughput(size, args, args.peers, args.max_tokens) for size in args.sizes],
+        "training": [train_throughput(size, args, args.peers, args.max_tokens, args.vocab_size) for size in args.sizes],
     }
     rows = [["size", *(f"{name} tok/s" for name in args.peers), *(f"ours/{n}" for n in args.peers[1:])]]
     for entry in report["training"]:
@@ -298,15 +321,27 @@ def main() -> None:
     if args.device == "cuda" or args.bf16_section:
         peers = [name for name in args.peers if name in ("ours", "marian")]
         report["bf16_training"] = [
-            train_throughput(size, args, peers, args.bf16_max_tokens, bf16=True, compiled=not args.no_compile)
+            train_throughput(
+                size, args, peers, max_tokens, args.bf16_vocab_size, bf16=True, compiled=not args.no_compile
+            )
             for size in args.bf16_sizes
+            for max_tokens in args.bf16_max_tokens
         ]
-        rows = [["size", "model", "tok/s", "MFU", "ours/model"]]
+        rows = [["size", "tokens", "model", "tok/s", "MFU", "ours/model"]]
         for entry in report["bf16_training"]:
             for label, rate in entry["tokens_per_sec"].items():
-                mfu = f"{entry['mfu'][label]:.1%}" if entry["mfu"] else "n/a"
-                ratio = f"{entry['ratio_ours_over'][label]:.2f}" if label != "ours" else ""
-                rows.append([entry["size"], label, f"{rate:.0f}", mfu, ratio])
+                mfu = entry["mfu"] and entry["mfu"][label]
+                ratio = entry["ratio_ours_over"].get(label)
+                rows.append(
+                    [
+                        entry["size"],
+                        str(entry["target_tokens_per_batch"]),
+                        label,
+                        f"{rate:.0f}" if rate else "out of memory",
+                        f"{mfu:.1%}" if mfu else "n/a",
+                        f"{ratio:.2f}" if ratio else "",
+                    ]
+                )
         print_table(
             f"bf16-mixed training step, target tokens/s and MFU (median of {args.repeats}, {args.device})", rows
         )

@@ -7,14 +7,17 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import multi30k_dir
 
 from lightning_modules.cli import main
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
-# speed.py at the smallest size that still runs every model: one round of one step on a 256-token batch.
+# speed.py at the smallest size that still runs every model: one round of one step on a 256-token batch, on every
+# device (on a CUDA GPU the bf16 section runs too, as tiny).
 TINY_SPEED = ("--sizes", "small", "--repeats", "1", "--steps", "1", "--max-tokens", "256", "--vocab-size", "300")
+TINY_BF16 = ("--bf16-sizes", "small", "--bf16-max-tokens", "256", "--bf16-vocab-size", "300", "--no-compile")
 
 
 def run(*args: str, cwd: Path | None = None) -> str:
@@ -25,22 +28,26 @@ def run(*args: str, cwd: Path | None = None) -> str:
 
 def test_speed_benchmark_runs(tmp_path):
     out = tmp_path / "speed.json"
-    stdout = run(str(BENCHMARKS / "speed.py"), *TINY_SPEED, "--out", str(out))
+    stdout = run(str(BENCHMARKS / "speed.py"), *TINY_SPEED, *TINY_BF16, "--out", str(out))
     report = json.loads(out.read_text())
     assert set(report["training"][0]["tokens_per_sec"]) == {"ours", "ours-all-logits", "marian", "nn.Transformer"}
     assert set(report["memory"][0]["peak_step_mib"]) == {"ours", "ours-all-logits", "marian", "nn.Transformer"}
     assert "Training step throughput" in stdout
-    assert report["bf16_training"] == "skipped: no CUDA GPU"
+    if torch.cuda.is_available():
+        assert [entry["size"] for entry in report["bf16_training"]] == ["small"]
+    else:
+        assert report["bf16_training"] == "skipped: no CUDA GPU"
 
 
 def test_bf16_section_of_the_speed_benchmark_runs(tmp_path):
     """The GPU section (bf16-mixed, MFU), forced onto the CPU; torch.compile is left out for time (see
-    test_modeling.py). On a CPU Lightning knows no peak FLOP/s, so there is no MFU."""
+    test_training_step.py). On a CPU Lightning knows no peak FLOP/s, so there is no MFU."""
     out = tmp_path / "speed.json"
-    bf16 = ("--bf16-section", "--bf16-sizes", "small", "--bf16-max-tokens", "256", "--no-compile")
-    run(str(BENCHMARKS / "speed.py"), *TINY_SPEED, "--peers", "ours", "marian", "--no-memory", *bf16, "--out", str(out))
+    speed = (str(BENCHMARKS / "speed.py"), *TINY_SPEED, "--peers", "ours", "marian", "--no-memory", "--device", "cpu")
+    run(*speed, "--bf16-section", *TINY_BF16, "--out", str(out))
     (entry,) = json.loads(out.read_text())["bf16_training"]
     assert entry["precision"] == "bf16-mixed" and set(entry["tokens_per_sec"]) == {"ours", "marian"}
+    assert all(entry["tokens_per_sec"].values()) and entry["vocab_size"] == 300
     assert entry["model_flops_per_step"] > 0 and entry["mfu"] is None
 
 

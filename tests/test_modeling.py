@@ -163,7 +163,7 @@ def test_sinusoidal_encoding_matches_the_formula():
 
 
 def test_dropout_zeroes_a_fraction_p_and_rescales_the_rest():
-    from hf_transformer.modeling_transformer import apply_dropout
+    from hf_transformer.efficiency import apply_dropout
 
     x = (torch.rand(1000, 1000) + 1.0).requires_grad_()  # no zeros of its own
     assert apply_dropout(x, 0.1, training=False) is x

@@ -100,13 +100,13 @@ def test_bf16_mixed_trains_on_cpu(run_dir):
 def test_non_finite_loss_stops_with_a_clear_message_and_keeps_good_weights(run_dir, monkeypatch):
     from lightning_modules.module import TranslationModule
 
-    original = TranslationModule.forward
+    original = TranslationModule.training_loss
 
     def poisoned(self, batch):
-        logits, labels = original(self, batch)
-        return (logits * float("nan") if self.global_step == 4 else logits), labels
+        loss_sum, target_tokens = original(self, batch)
+        return (loss_sum * float("nan") if self.global_step == 4 else loss_sum), target_tokens
 
-    monkeypatch.setattr(TranslationModule, "forward", poisoned)
+    monkeypatch.setattr(TranslationModule, "training_loss", poisoned)
     with pytest.raises(FloatingPointError, match=r"Training loss is nan at step 4.*--ckpt_path last"):
         fit("--trainer.max_steps=10")
     kept = load_checkpoint(run_dir / "runs/demo/checkpoints/on_exception.ckpt")

@@ -1,0 +1,102 @@
+"""The training loss: label-smoothed cross-entropy (section 5.4) of the output projection (3.4), computed chunk by
+chunk so that the [tokens, vocabulary] logits are never held in fp32 for every token at once.
+
+At 64k target tokens and a 32k vocabulary, full fp32 logits are 8 GiB, written and read several times by the softmax,
+the loss and its gradient. Here each chunk of tokens is projected, scored and differentiated in the forward pass (the
+gradient of softmax cross-entropy is known in closed form), and only the gradients with respect to the decoder output
+and the projection matrix are kept: the fused linear cross-entropy of Liger Kernel and Apple's Cut Cross-Entropy,
+written in plain PyTorch so that it runs, and compiles, on every device.
+"""
+
+import math
+from typing import Any
+
+import torch
+
+from .modeling_transformer import TransformerForConditionalGeneration
+
+# The fp32 logits of one chunk stay under this size (the chunk count is rounded so that chunks are equal).
+LOGITS_CHUNK_BYTES = 256 * 2**20
+IGNORE_INDEX = -100
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Sum over tokens of the label-smoothed cross-entropy of `hidden @ weight.T`, and its gradients, chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, label_smoothing, num_chunks, compute_gradients):
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        vocab_size = weight.shape[0]
+        weight_in_dtype = weight.to(dtype)
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        grad_hidden, grad_weight = [], torch.zeros_like(weight, dtype=torch.float32) if compute_gradients else None
+        for hidden_chunk, labels_chunk in zip(
+            hidden.to(dtype).tensor_split(num_chunks), labels.tensor_split(num_chunks), strict=True
+        ):
+            logits = (hidden_chunk @ weight_in_dtype.T).float()
+            log_normalizer = logits.logsumexp(-1, keepdim=True)
+            is_target = (labels_chunk != IGNORE_INDEX)[:, None]
+            target = labels_chunk.clamp(min=0)[:, None]
+            # Cross-entropy against (1 - eps) * one-hot + eps / vocab: log Z - (1 - eps) * z_target - eps * mean(z).
+            target_logit = logits.gather(1, target)
+            smoothed_logit = torch.lerp(target_logit, logits.mean(-1, keepdim=True), label_smoothing)
+            loss += torch.where(is_target, log_normalizer - smoothed_logit, 0.0).sum()
+            if compute_gradients:
+                # d loss / d logits = softmax - smoothed one-hot target; zero for ignored tokens. In place: the chunk's
+                # logits are the only [tokens, vocab] fp32 buffer.
+                grad_logits = logits.sub_(log_normalizer).exp_().sub_(label_smoothing / vocab_size)
+                grad_logits.scatter_add_(1, target, torch.full_like(logits[:, :1], label_smoothing - 1))
+                grad_logits = grad_logits.mul_(is_target).to(dtype)
+                grad_hidden.append(grad_logits @ weight_in_dtype)
+                grad_weight += grad_logits.T @ hidden_chunk
+        if compute_gradients:
+            ctx.save_for_backward(torch.cat(grad_hidden).to(hidden.dtype), grad_weight.to(weight.dtype))
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None, None, None
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0
+) -> torch.Tensor:
+    """Summed label-smoothed cross-entropy of the logits `hidden @ weight.T` ([tokens, d_model] @ [d_model, vocab]) at
+    `labels` ([tokens], -100 ignored): equal to `F.cross_entropy(hidden @ weight.T, labels, label_smoothing=...,
+    reduction="sum")` in value and gradients, with fp32 logits for at most `LOGITS_CHUNK_BYTES` at a time. Under
+    autocast the projection runs in the autocast dtype (as `F.linear` would) and the softmax in fp32."""
+    logits_bytes = hidden.shape[0] * weight.shape[0] * 4
+    num_chunks = max(1, math.ceil(logits_bytes / LOGITS_CHUNK_BYTES))
+    compute_gradients = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    return _LinearCrossEntropy.apply(hidden, weight, labels, label_smoothing, num_chunks, compute_gradients)
+
+
+def translation_loss(
+    model: TransformerForConditionalGeneration, batch: dict[str, Any], label_smoothing: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher forcing (the decoder reads the target shifted right and predicts every next token at once): the summed
+    label-smoothed loss over the target tokens of `batch` (input_ids, attention_mask, labels with -100 on padding) and
+    their number, both tensors.
+
+    Eager, padding costs no computation: the decoder skips the positions after each row's last target token, and only
+    target positions are projected onto the vocabulary. Under `torch.compile`, whose graphs cannot hold the
+    data-dependent number of target tokens, every position is projected and padding is ignored by its -100 label:
+    one graph for the whole step, at the cost of the few percent of padding that token-budget batches have.
+    """
+    labels = batch["labels"]
+    is_target = labels != IGNORE_INDEX
+    hidden = model.model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels),
+        use_cache=False,
+        decoder_positions_needed=is_target,
+    ).last_hidden_state
+    if torch.compiler.is_compiling():
+        hidden, labels = hidden.flatten(0, 1), labels.flatten()
+    else:
+        hidden, labels = hidden[is_target], labels[is_target]
+    weight = model.get_output_embeddings().weight
+    return linear_cross_entropy(hidden, weight, labels, label_smoothing), is_target.sum()

@@ -1,0 +1,169 @@
+"""The training step: the chunked label-smoothed loss, its compilation into one graph, and the optimizer."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hf_transformer import loss
+from hf_transformer.loss import linear_cross_entropy, translation_loss
+from lightning_modules import TranslationDataModule, TranslationModule
+
+TINY_MODULE = dict(d_model=32, encoder_layers=2, decoder_layers=2, attention_heads=4, ffn_dim=64, dropout=0.1)
+
+
+def tiny_module(vocab_size: int = 64, **overrides) -> TranslationModule:
+    return TranslationModule(**{**TINY_MODULE, **overrides}, vocab_size=vocab_size, max_position_embeddings=64)
+
+
+def padded_batch(vocab_size: int = 64) -> dict[str, torch.Tensor]:
+    """Three pairs with source padding and -100 target padding, one ignored label inside a row."""
+    source = torch.randint(4, vocab_size, (3, 9))
+    attention_mask = (torch.arange(9) < torch.tensor([[9], [5], [7]])).long()
+    labels = torch.randint(4, vocab_size, (3, 7)).masked_fill(torch.arange(7) >= torch.tensor([[7], [4], [6]]), -100)
+    labels[2, 1] = -100
+    return {"input_ids": source.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask, "labels": labels}
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("chunk_bytes", [loss.LOGITS_CHUNK_BYTES, 1000])
+def test_linear_cross_entropy_equals_cross_entropy_in_value_and_gradients(monkeypatch, label_smoothing, chunk_bytes):
+    """One chunk, and chunks of a few tokens each: the same loss and gradients as the full fp32 logits."""
+    monkeypatch.setattr(loss, "LOGITS_CHUNK_BYTES", chunk_bytes)
+    hidden = torch.randn(50, 16, requires_grad=True)
+    weight = torch.randn(37, 16, requires_grad=True)
+    labels = torch.randint(0, 37, (50,))
+    labels[::7] = -100
+    expected = F.cross_entropy(hidden @ weight.T, labels, label_smoothing=label_smoothing, reduction="sum")
+    expected_gradients = torch.autograd.grad(3 * expected, (hidden, weight))
+    chunked = linear_cross_entropy(hidden, weight, labels, label_smoothing)
+    torch.testing.assert_close(chunked, expected)
+    gradients = torch.autograd.grad(3 * chunked, (hidden, weight))
+    for gradient, expected_gradient in zip(gradients, expected_gradients, strict=True):
+        torch.testing.assert_close(gradient, expected_gradient)
+    with torch.no_grad():
+        torch.testing.assert_close(linear_cross_entropy(hidden, weight, labels, label_smoothing), expected)
+
+
+def test_linear_cross_entropy_under_bf16_autocast_projects_in_bf16_and_scores_in_fp32():
+    hidden, weight = torch.randn(40, 16, requires_grad=True), torch.randn(37, 16, requires_grad=True)
+    labels = torch.randint(0, 37, (40,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = F.cross_entropy(F.linear(hidden, weight).float(), labels, label_smoothing=0.1, reduction="sum")
+        chunked = linear_cross_entropy(hidden, weight, labels, 0.1)
+    torch.testing.assert_close(chunked, expected)
+    chunked.backward()
+    assert hidden.grad.dtype == weight.grad.dtype == torch.float32
+
+
+MEMORY_CHILD = """
+import json, sys, torch, torch.nn.functional as F
+from pathlib import Path
+from hf_transformer.loss import linear_cross_entropy
+
+def peak_rss():
+    return next(int(l.split()[1]) * 1024 for l in Path("/proc/self/status").read_text().splitlines()
+                if l.startswith("VmHWM:"))
+
+tokens, vocab = 8192, 32000
+hidden = torch.randn(tokens, 64, requires_grad=True)
+weight = torch.randn(vocab, 64, requires_grad=True)
+labels = torch.randint(0, vocab, (tokens,))
+Path("/proc/self/clear_refs").write_text("5")
+before = peak_rss()
+if sys.argv[1] == "chunked":
+    linear_cross_entropy(hidden, weight, labels, 0.1).backward()
+else:
+    F.cross_entropy(hidden @ weight.T, labels, label_smoothing=0.1, reduction="sum").backward()
+print(json.dumps(peak_rss() - before))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak memory is read from /proc/self/status")
+def test_chunked_loss_never_holds_the_logits_of_every_token():
+    """8,192 tokens x 32,000 words: full fp32 logits are 1 GiB, and F.cross_entropy's step holds them, their log
+    softmax and their gradient; the chunked loss needs less than the logits alone. Peak memory of each step, measured
+    in a fresh process."""
+    peaks = {}
+    for kind in ("chunked", "reference"):
+        result = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(MEMORY_CHILD), kind], capture_output=True, text=True, check=True
+        )
+        peaks[kind] = json.loads(result.stdout.strip().splitlines()[-1]) / 2**20
+    assert peaks["reference"] > 2 * 1024 and peaks["chunked"] < 1024, peaks
+
+
+def test_translation_loss_equals_the_models_own_loss_with_padding_removed():
+    module = tiny_module(label_smoothing=0.0).eval()
+    batch = padded_batch()
+    loss_sum, target_tokens = translation_loss(module.model, batch)
+    outputs = module.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+    assert int(target_tokens) == int((batch["labels"] != -100).sum())
+    torch.testing.assert_close(loss_sum / target_tokens, outputs.loss)
+
+
+def test_the_training_loss_compiles_into_one_graph():
+    """As the training module calls it: dropout on, padded source, -100 labels (padding and one ignored label)."""
+    module = tiny_module().train()
+    explanation = torch._dynamo.explain(module.training_loss)(padded_batch())
+    assert explanation.graph_break_count == 0, [reason.reason for reason in explanation.break_reasons]
+    assert explanation.graph_count == 1
+
+
+def test_twenty_real_batches_of_varying_shapes_share_one_compiled_graph():
+    """Token-budget batches of the synthetic task: their row counts and lengths differ from batch to batch, and the
+    compiled training step is traced once for all of them, or twice when the first batch's source and target happen
+    to be equally long (torch's "duck sizing" then assumes they stay equal). Counted by a custom backend."""
+    data = TranslationDataModule(synthetic_train_size=2000, synthetic_eval_size=16, max_tokens=384)
+    data.setup()
+    module = tiny_module(len(data.tokenizer)).train()
+    compilations = []
+
+    def counting_backend(graph: torch.fx.GraphModule, example_inputs: list) -> callable:
+        compilations.append(graph)
+        return graph.forward
+
+    module.compile_training_loss(backend=counting_backend)
+    shapes = set()
+    for _, batch in zip(range(20), data.train_dataloader(), strict=False):
+        shapes.add((*batch["input_ids"].shape, batch["labels"].shape[1]))
+        loss_sum, target_tokens = module.training_loss(batch)
+        (loss_sum / target_tokens).backward()
+    assert len(shapes) >= 5, shapes
+    assert len(compilations) <= 2
+
+
+def test_compiled_training_loss_equals_eager_in_loss_and_gradients():
+    """Compiled with inductor, which keeps every target position (no data-dependent shapes): the same loss and
+    gradients as the eager step, which computes only up to each row's last target token."""
+    module = tiny_module().eval()  # no dropout, whose random stream differs under compilation
+    batch = padded_batch()
+
+    def loss_and_gradients() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        module.zero_grad()
+        loss_sum, target_tokens = module.training_loss(batch)
+        (loss_sum / target_tokens).backward()
+        return loss_sum.detach(), {name: p.grad.clone() for name, p in module.named_parameters()}
+
+    eager_loss, eager_gradients = loss_and_gradients()
+    module.compile_training_loss()
+    compiled_loss, compiled_gradients = loss_and_gradients()
+    torch.testing.assert_close(compiled_loss, eager_loss)
+    for name, gradient in eager_gradients.items():
+        torch.testing.assert_close(compiled_gradients[name], gradient, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_adam_is_fused_on_gpus_and_multi_tensor_elsewhere(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("fused Adam is chosen on a CUDA GPU")
+    module = tiny_module().to(device)
+    optimizer = module.configure_optimizers()["optimizer"]
+    assert (bool(optimizer.defaults["fused"]), bool(optimizer.defaults["foreach"])) == (
+        device == "cuda",
+        device != "cuda",
+    )
