@@ -274,6 +274,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument(
+        "--compile", action="store_true", help="also time each model's loss under torch.compile in the first section"
+    )
+    parser.add_argument(
         "--bf16-section",
         action="store_true",
         help="run the bf16-mixed section (ours and Marian, MFU, torch.compile) on a non-CUDA device too: a smoke test",
@@ -305,15 +308,19 @@ def main() -> None:
         "device": args.device,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "training": [train_throughput(size, args, args.peers, args.max_tokens, args.vocab_size) for size in args.sizes],
+        "training": [
+            train_throughput(size, args, args.peers, args.max_tokens, args.vocab_size, compiled=args.compile)
+            for size in args.sizes
+        ],
     }
-    rows = [["size", *(f"{name} tok/s" for name in args.peers), *(f"ours/{n}" for n in args.peers[1:])]]
+    labels = list(report["training"][0]["tokens_per_sec"])
+    rows = [["size", *(f"{label} tok/s" for label in labels), *(f"ours/{label}" for label in labels[1:])]]
     for entry in report["training"]:
         rows.append(
             [
                 entry["size"],
-                *(f"{entry['tokens_per_sec'][n]:.0f}" for n in args.peers),
-                *(f"{entry['ratio_ours_over'][n]:.2f}" for n in args.peers[1:]),
+                *(f"{entry['tokens_per_sec'][label]:.0f}" for label in labels),
+                *(f"{entry['ratio_ours_over'][label]:.2f}" for label in labels[1:]),
             ]
         )
     print_table(f"Training step throughput, target tokens/s (median of {args.repeats}, {args.device})", rows)

@@ -39,8 +39,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             is_target = (labels_chunk != IGNORE_INDEX)[:, None]
             target = labels_chunk.clamp(min=0)[:, None]
             # Cross-entropy against (1 - eps) * one-hot + eps / vocab: log Z - (1 - eps) * z_target - eps * mean(z).
-            target_logit = logits.gather(1, target)
-            smoothed_logit = torch.lerp(target_logit, logits.mean(-1, keepdim=True), label_smoothing)
+            smoothed_logit = logits.gather(1, target) * (1 - label_smoothing)
+            if label_smoothing:
+                smoothed_logit += logits.mean(-1, keepdim=True) * label_smoothing
             loss += torch.where(is_target, log_normalizer - smoothed_logit, 0.0).sum()
             if compute_gradients:
                 # d loss / d logits = softmax - smoothed one-hot target; zero for ignored tokens. In place: the chunk's

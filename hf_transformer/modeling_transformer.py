@@ -52,9 +52,12 @@ def scaled_dot_product_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V  (eq. 1), the "eager" backend.
 
+    By default (`attn_implementation="sdpa"`) torch's fused `F.scaled_dot_product_attention` computes this formula
+    instead, without materialising the weights; `model.set_attn_implementation("eager")` runs this function, and
+    `output_attentions=True` does for that call (the tests check that both agree).
+
     q, k, v are [batch, heads, length, d_k]; returns the output as [batch, length, heads, d_k] and the attention
-    weights. The mask may be boolean (True = attend) or additive, as torch's sdpa takes it, so this function can
-    stand in for sdpa when the weights are wanted.
+    weights. The mask may be boolean (True = attend) or additive, as torch's sdpa takes it.
     """
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
     if attention_mask is not None:
