@@ -3,11 +3,22 @@
 The defaults are the paper's base model (Table 3, row "base"); `TransformerConfig.from_preset("big")` gives the big one.
 """
 
+import dataclasses
 from typing import Any
 
+import transformers
 from huggingface_hub.dataclasses import strict
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
+
+# Saved folders run this file under the user's transformers. Every release from 5.4 on loads them exactly (tested at
+# 5.4 and 5.17); before 5.4 configs were not dataclasses, and 5.3 left remote code's tied weights on the meta device.
+MIN_TRANSFORMERS_VERSION = "5.4"
+if not dataclasses.is_dataclass(PretrainedConfig):
+    raise ImportError(
+        f"This model needs transformers>={MIN_TRANSFORMERS_VERSION}, found {transformers.__version__}: "
+        f"pip install -U 'transformers>={MIN_TRANSFORMERS_VERSION},<6'"
+    )
 
 # Table 3 of the paper. Both share a 37,000-token source-target vocabulary (WMT14 en-de, byte-pair encoding).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -147,4 +158,4 @@ class TransformerConfig(PretrainedConfig):
                 )
 
 
-__all__ = ["PRESETS", "TransformerConfig"]
+__all__ = ["MIN_TRANSFORMERS_VERSION", "PRESETS", "TransformerConfig"]

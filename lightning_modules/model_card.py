@@ -20,6 +20,7 @@ from huggingface_hub.utils import validate_repo_id
 from sacrebleu.metrics import BLEU, CHRF
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
+from hf_transformer.configuration_transformer import MIN_TRANSFORMERS_VERSION
 
 CARD_NAME = "README.md"
 DEFAULT_LICENSE = "apache-2.0"
@@ -362,8 +363,11 @@ print(tokenizer.batch_decode(output_ids, skip_special_tokens=True))
 translator = pipeline("translation", model=model_id, trust_remote_code=True)
 print(translator([{json.dumps(example)}]))
 """
+    requirement = f"transformers>={MIN_TRANSFORMERS_VERSION},<6"
     return (
         "## Usage\n\n"
+        f"Needs torch and `{requirement}` (`pip install -U torch '{requirement}'`); older "
+        "releases stop with a message saying so.\n\n"
         f"```python\n{code}```\n\n"
         "With the `hf_transformer` package installed, `import hf_transformer` registers the model with the Auto "
         "classes: `AutoModelForSeq2SeqLM.from_pretrained(model_id)` then needs no `trust_remote_code`, and "

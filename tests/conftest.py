@@ -1,4 +1,7 @@
 import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -101,3 +104,45 @@ def run_dir(tmp_path, monkeypatch) -> Path:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.yaml").write_text(TINY_RUN)
     return tmp_path
+
+
+REMOTE_LOAD = textwrap.dedent(
+    """
+    import sys
+    sys.modules["hf_transformer"] = None  # as if this package were not installed
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+    folder, inputs_path, outputs_path = sys.argv[1:]
+    inputs = torch.load(inputs_path)
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+    assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+    with torch.no_grad():
+        logits = model(input_ids=inputs["source"], decoder_input_ids=inputs["target"]).logits
+    beams = model.generate(inputs["source"], max_new_tokens=5)
+    torch.save({"logits": logits, "beams": beams}, outputs_path)
+    """
+)
+
+
+def load_without_the_package(
+    folder: Path, source: torch.Tensor, target: torch.Tensor, pythonpath: str = "", expect_failure: bool = False
+) -> dict[str, torch.Tensor] | str:
+    """Load a saved folder with `trust_remote_code=True` in a fresh interpreter where `hf_transformer` cannot be
+    imported (`pythonpath` first on its path, e.g. another transformers release) and return its logits for
+    (source, target) and its beam search output for source; with `expect_failure`, the error output instead."""
+    work = Path(folder).parent
+    torch.save({"source": source, "target": target}, work / "inputs.pt")
+    (work / "load.py").write_text(REMOTE_LOAD)
+    result = subprocess.run(
+        [sys.executable, str(work / "load.py"), str(folder), str(work / "inputs.pt"), str(work / "outputs.pt")],
+        cwd=work,
+        env={**os.environ, "PYTHONPATH": pythonpath, "HF_MODULES_CACHE": str(work / "modules-cache")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if expect_failure:
+        assert result.returncode != 0, "loading was expected to fail"
+        return result.stderr
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.load(work / "outputs.pt")

@@ -1,14 +1,11 @@
 """Properties of the model: the paper's sizes, masking, caching, backends, and Hugging Face integration."""
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from collections.abc import Callable
 
 import pytest
 import torch
+from conftest import load_without_the_package
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.cache_utils import DynamicCache
@@ -495,42 +492,12 @@ def test_save_and_load_round_trip_exactly(tiny_config, tmp_path):
         assert torch.equal(table, sinusoids.to(table.dtype))
 
 
-REMOTE_LOAD = textwrap.dedent(
-    """
-    import sys
-    sys.modules["hf_transformer"] = None  # as if this package were not installed
-    import torch
-    from transformers import AutoModelForSeq2SeqLM
-    folder, inputs_path, outputs_path = sys.argv[1:]
-    inputs = torch.load(inputs_path)
-    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
-    assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
-    with torch.no_grad():
-        logits = model(input_ids=inputs["source"], decoder_input_ids=inputs["target"]).logits
-    beams = model.generate(inputs["source"], max_new_tokens=5)
-    torch.save({"logits": logits, "beams": beams}, outputs_path)
-    """
-)
-
-
 def test_remote_code_load_without_the_package_gives_identical_outputs(tiny_config, tmp_path):
     model = make_model(tiny_config)
     source, target = random_batch(tiny_config)
     model.save_pretrained(tmp_path / "model")
-    torch.save({"source": source, "target": target}, tmp_path / "inputs.pt")
-    script = tmp_path / "load.py"
-    script.write_text(REMOTE_LOAD)
-    env = {**os.environ, "PYTHONPATH": ""}
-    result = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "model"), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    remote = torch.load(tmp_path / "out.pt")
+    assert (tmp_path / "model" / "efficiency.py").exists()  # imported by the modeling file: travels with it
+    remote = load_without_the_package(tmp_path / "model", source, target)
     with torch.no_grad():
         torch.testing.assert_close(
             remote["logits"], model(input_ids=source, decoder_input_ids=target).logits, atol=0, rtol=0

@@ -1,0 +1,76 @@
+"""A saved model loads under the transformers its users have: every release from the floor that `pyproject.toml`
+claims, tested at the floor itself and at 5.17 (the release on common GPU images), each installed with its own
+dependencies into a separate folder; an older release stops with a message naming the version to install."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import load_without_the_package
+
+from hf_transformer import TransformerForConditionalGeneration
+from hf_transformer.configuration_transformer import MIN_TRANSFORMERS_VERSION
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+# Installs are kept between runs (about 250 MB and 15 s each): a fresh machine downloads them once.
+INSTALLS = Path.home() / ".cache" / "hf-transformer-tests"
+UNREACHABLE = ("Could not find a version", "No matching distribution", "NewConnectionError", "Temporary failure")
+
+
+def install_transformers(version: str) -> str:
+    """A folder holding transformers==version and the dependencies that release asks for (torch stays the
+    environment's), or skip the test saying why when the package registry cannot be reached."""
+    folder = INSTALLS / f"transformers-{version}"
+    if (folder / "complete").exists():
+        return str(folder)
+    pip_install = [sys.executable, "-m", "pip", "install", "-q", "--upgrade"]  # --upgrade: over a broken install
+    result = subprocess.run(
+        [*pip_install, "--target", str(folder), f"transformers=={version}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if result.returncode != 0:
+        if any(message in result.stderr for message in UNREACHABLE):
+            pytest.skip(f"cannot install transformers=={version} from the package registry: {result.stderr[-300:]}")
+        raise AssertionError(result.stderr[-3000:])
+    (folder / "complete").touch()
+    return str(folder)
+
+
+@pytest.fixture
+def saved_model(tiny_config, tmp_path) -> tuple[Path, TransformerForConditionalGeneration]:
+    model = TransformerForConditionalGeneration(tiny_config).eval()
+    model.save_pretrained(tmp_path / "model")
+    return tmp_path / "model", model
+
+
+def test_pyproject_claims_the_tested_floor():
+    (requirement,) = re.findall(r'"transformers>=([\d.]+),<6"', PYPROJECT.read_text())
+    assert requirement == MIN_TRANSFORMERS_VERSION
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [f"{MIN_TRANSFORMERS_VERSION}.0", "5.17.0"])
+def test_remote_code_gives_identical_outputs_under_older_transformers(version, saved_model, tiny_config):
+    folder, model = saved_model
+    source = torch.randint(4, tiny_config.vocab_size, (3, 9))
+    target = torch.randint(4, tiny_config.vocab_size, (3, 7))
+    remote = load_without_the_package(folder, source, target, pythonpath=install_transformers(version))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            remote["logits"], model(input_ids=source, decoder_input_ids=target).logits, atol=1e-6, rtol=0
+        )
+    assert torch.equal(remote["beams"], model.generate(source, max_new_tokens=5))
+
+
+@pytest.mark.slow
+def test_a_release_below_the_floor_is_told_which_version_to_install(saved_model, tiny_config):
+    folder, _ = saved_model
+    ids = torch.randint(4, tiny_config.vocab_size, (1, 4))
+    error = load_without_the_package(folder, ids, ids, pythonpath=install_transformers("5.3.0"), expect_failure=True)
+    assert f"needs transformers>={MIN_TRANSFORMERS_VERSION}, found 5.3.0" in error
+    assert f"pip install -U 'transformers>={MIN_TRANSFORMERS_VERSION},<6'" in error
