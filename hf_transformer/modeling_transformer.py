@@ -122,15 +122,8 @@ class MultiHeadAttention(nn.Module):
                     f"{self.config._attn_implementation!r}: call model.set_attn_implementation('eager') first."
                 )
             attention = scaled_dot_product_attention  # fused kernels never materialise the weights
-        output, weights = attention(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.attention_dropout if self.training else 0.0,
-            scaling=self.scaling,
-        )
+        dropout = self.attention_dropout if self.training else 0.0
+        output, weights = attention(self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling)
         batch, length = output.shape[:2]
         return self.out_proj(tokens.pack(output.reshape(batch, length, -1))), weights
 
