@@ -9,6 +9,7 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline
+from hf_transformer.marian import to_marian
 
 from .model_card import write_model_card
 
@@ -89,4 +90,14 @@ def export(checkpoint: dict[str, Any], folder: str | Path, **card_info: Any) -> 
     model = model_from_checkpoint(checkpoint)
     TranslationPipeline(model=model, tokenizer=tokenizer_from_checkpoint(checkpoint)).save_pretrained(folder)
     write_model_card(folder, checkpoint, **card_info)
+    return folder
+
+
+def export_marian(
+    model: TransformerForConditionalGeneration, tokenizer: PreTrainedTokenizerFast, folder: str | Path
+) -> Path:
+    """Write a folder that stock transformers loads as `MarianMTModel` (no remote code), with the tokenizer."""
+    folder = Path(folder)
+    to_marian(model).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     return folder

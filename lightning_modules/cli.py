@@ -12,7 +12,17 @@ from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
 
-from .checkpoint import average_checkpoints, export, last_checkpoints, load_checkpoint
+from hf_transformer import TransformerForConditionalGeneration
+
+from .checkpoint import (
+    average_checkpoints,
+    export,
+    export_marian,
+    last_checkpoints,
+    load_checkpoint,
+    model_from_checkpoint,
+    tokenizer_from_checkpoint,
+)
 from .data import TranslationDataModule
 from .hub import push_main
 from .module import TranslationModule
@@ -47,7 +57,21 @@ def export_main(argv: list[str]) -> None:
     parser.add_argument("checkpoint", help="a .ckpt file (best, last), or with --average the checkpoint folder")
     parser.add_argument("folder", help="where to write the Hugging Face model folder")
     parser.add_argument("--average", type=int, default=None, metavar="N", help="average the last N step checkpoints")
+    parser.add_argument(
+        "--format",
+        choices=["hf-transformer", "marian"],
+        default="hf-transformer",
+        help="hf-transformer: this model with its code (loads with trust_remote_code=True); marian: the same model as "
+        "a stock MarianMTModel, which loads without remote code (post-LN models only). With marian, the source may "
+        "also be an exported folder.",
+    )
     args = parser.parse_args(argv)
+    if args.format == "marian" and Path(args.checkpoint).is_dir() and (Path(args.checkpoint) / "config.json").exists():
+        from transformers import AutoTokenizer
+
+        model = TransformerForConditionalGeneration.from_pretrained(args.checkpoint)
+        print(f"Exported to {export_marian(model, AutoTokenizer.from_pretrained(args.checkpoint), args.folder)}")
+        return
     if args.average:
         folder = Path(args.checkpoint)
         folder = folder if folder.is_dir() else folder.parent
@@ -56,7 +80,11 @@ def export_main(argv: list[str]) -> None:
         checkpoint = average_checkpoints(paths)
     else:
         checkpoint = load_checkpoint(args.checkpoint)
-    print(f"Exported to {export(checkpoint, args.folder)}")
+    if args.format == "marian":
+        model, tokenizer = model_from_checkpoint(checkpoint), tokenizer_from_checkpoint(checkpoint)
+        print(f"Exported to {export_marian(model, tokenizer, args.folder)}")
+    else:
+        print(f"Exported to {export(checkpoint, args.folder)}")
 
 
 COMMANDS = {"export": export_main, "push": push_main}

@@ -195,6 +195,26 @@ def test_export_then_from_pretrained_translates_like_the_checkpoint(run_dir):
     assert torch.equal(exported.generate(**inputs, max_new_tokens=12), original.generate(**inputs, max_new_tokens=12))
 
 
+def test_export_as_marian_from_a_checkpoint_or_a_folder_loads_without_remote_code(run_dir):
+    """`export --format marian`: stock MarianMTModel and AutoTokenizer load the folder (no trust_remote_code) and
+    decode as the checkpoint does, whether exported from the checkpoint or from an exported folder."""
+    from transformers import MarianMTModel
+
+    fit("--trainer.max_steps=6")
+    checkpoint_path = run_dir / "runs/demo/checkpoints/last.ckpt"
+    main(["export", str(checkpoint_path), "marian-from-checkpoint", "--format", "marian"])
+    main(["export", str(checkpoint_path), "exported"])
+    main(["export", "exported", "marian-from-folder", "--format", "marian"])
+    original = model_from_checkpoint(load_checkpoint(checkpoint_path))
+    for folder in ("marian-from-checkpoint", "marian-from-folder"):
+        assert not (run_dir / folder / "modeling_transformer.py").exists()
+        tokenizer = AutoTokenizer.from_pretrained(run_dir / folder)
+        marian = MarianMTModel.from_pretrained(run_dir / folder)
+        inputs = tokenizer(["4821", "17", "300000"], return_tensors="pt", padding=True)
+        expected = original.generate(**inputs, max_new_tokens=12)
+        assert torch.equal(marian.generate(**inputs, max_new_tokens=12), expected), folder
+
+
 def test_checkpoint_averaging_is_the_mean_of_the_weights(run_dir):
     fit("--trainer.max_steps=9")
     paths = sorted((run_dir / "runs/demo/checkpoints").glob("step*.ckpt"))[-2:]
