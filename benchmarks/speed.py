@@ -85,7 +85,8 @@ def train_throughput(
                     optimizer.step()
                 synchronize(device)
             except torch.OutOfMemoryError:
-                rates[label], runs[label] = None, None  # frees the model and its optimizer state
+                # Dropped from the comparison; its model and optimizer state are freed as the loop moves on.
+                rates[label] = runs[label] = None
                 optimizer.zero_grad(set_to_none=True)
                 continue
             if round_index:
@@ -256,6 +257,11 @@ def naive_loop(model, tokenizer, sentences: list[str], batch_size: int) -> list[
     return outputs
 
 
+def format_rate(rate: float | None) -> str:
+    """A median rate, or why there is none (`train_throughput` drops a model that does not fit in GPU memory)."""
+    return f"{rate:.0f}" if rate else "out of memory"
+
+
 def print_table(title: str, rows: list[list[str]]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     print(f"\n{title}")
@@ -319,8 +325,8 @@ def main() -> None:
         rows.append(
             [
                 entry["size"],
-                *(f"{entry['tokens_per_sec'][label]:.0f}" for label in labels),
-                *(f"{entry['ratio_ours_over'][label]:.2f}" for label in labels[1:]),
+                *(format_rate(entry["tokens_per_sec"][label]) for label in labels),
+                *(f"{ratio:.2f}" if (ratio := entry["ratio_ours_over"][label]) else "" for label in labels[1:]),
             ]
         )
     print_table(f"Training step throughput, target tokens/s (median of {args.repeats}, {args.device})", rows)
@@ -344,7 +350,7 @@ def main() -> None:
                         entry["size"],
                         str(entry["target_tokens_per_batch"]),
                         label,
-                        f"{rate:.0f}" if rate else "out of memory",
+                        format_rate(rate),
                         f"{mfu:.1%}" if mfu else "n/a",
                         f"{ratio:.2f}" if ratio else "",
                     ]

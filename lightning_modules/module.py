@@ -135,8 +135,11 @@ class TranslationModule(pl.LightningModule):
 
     def compile_training_loss(self, backend: str | Callable = "inductor") -> None:
         """Replace `training_loss` by its `torch.compile`d graph. Shapes are dynamic from the first batch on, so that
-        the token-budget batches, whose lengths and row counts all differ, share one graph."""
-        self.training_loss = torch.compile(self.training_loss, dynamic=True, backend=backend)
+        the token-budget batches, whose lengths and row counts all differ, share one graph. Compiles the class's
+        method, so that a second call (Lightning calls `configure_model` for every fit, validate or test) does not
+        wrap the compiled function again."""
+        method = type(self).training_loss.__get__(self)
+        self.training_loss = torch.compile(method, dynamic=True, backend=backend)
 
     def training_loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """The summed label-smoothed loss over the target tokens of `batch` and their number (`translation_loss`)."""
