@@ -1,58 +1,57 @@
-"""`hf-transformer`: LightningCLI's fit/validate/test/predict plus `export` and `average`.
+"""`hf-transformer`: LightningCLI's fit/validate/test/predict plus `export` and `push`.
 
 hf-transformer fit --config configs/demo.yaml
 hf-transformer test --config configs/demo.yaml --ckpt_path runs/demo/checkpoints/last.ckpt
 hf-transformer export runs/demo/checkpoints/last.ckpt exports/demo [--average 5]
+
+Lightning, torch and transformers are imported only by the command that needs them, so that `hf-transformer --help`
+answers at once.
 """
 
 import argparse
-import json
+import os
 import sys
 from pathlib import Path
 
-from lightning.pytorch.cli import LightningCLI
+from .errors import UserError
 
-from hf_transformer import TransformerForConditionalGeneration
+USAGE = """\
+usage: hf-transformer COMMAND [OPTIONS]
 
-from .checkpoint import (
-    average_checkpoints,
-    export,
-    export_marian,
-    last_checkpoints,
-    load_checkpoint,
-    model_from_checkpoint,
-    tokenizer_from_checkpoint,
-)
-from .data import TranslationDataModule
-from .hub import push_main
-from .module import TranslationModule
+Train the Transformer of "Attention Is All You Need", evaluate it, and share it on the Hugging Face Hub.
 
+commands:
+  fit        train a model:                hf-transformer fit --config configs/demo.yaml
+  validate   loss and BLEU on the validation split of a checkpoint
+  test       loss, BLEU and chrF on the test split, with the hypotheses written to a file
+  predict    translate the test split of a checkpoint
+  export     write a Hugging Face model folder from a checkpoint (or several, averaged)
+  push       upload a checkpoint or an exported folder to the Hugging Face Hub
 
-class TranslationCLI(LightningCLI):
-    def add_arguments_to_parser(self, parser) -> None:
-        # The tokenizer decides the vocabulary and special ids: the model takes them from the data module.
-        for name in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id"):
-            parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
+`hf-transformer COMMAND --help` lists a command's options. Errors print one message; add --traceback (or set
+HF_TRANSFORMER_TRACEBACK=1) to see where one came from."""
 
-    def after_test(self) -> None:
-        """Write the test hypotheses, one per line in test-set order, next to the scores."""
-        hypotheses = self.model.gathered_test_hypotheses()
-        if self.trainer.is_global_zero:
-            folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "test_hypotheses.txt").write_text("".join(f"{line}\n" for line in hypotheses))
-            scores = {
-                name: float(value) for name, value in self.trainer.callback_metrics.items() if name.startswith("test/")
-            }
-            (folder / "test_scores.json").write_text(json.dumps(scores, indent=2) + "\n")
-            print(f"Test hypotheses and scores written to {folder}")
+TRAINER_COMMANDS = ("fit", "validate", "test", "predict")
 
 
 def export_main(argv: list[str]) -> None:
+    from hf_transformer import TransformerForConditionalGeneration
+
+    from .checkpoint import (
+        average_checkpoints,
+        export,
+        export_marian,
+        last_checkpoints,
+        load_checkpoint,
+        model_from_checkpoint,
+        tokenizer_from_checkpoint,
+    )
+
     parser = argparse.ArgumentParser(
         prog="hf-transformer export",
         description="Write a Hugging Face folder (model with its code, tokenizer, generation config, pipeline) from a "
         "training checkpoint, optionally averaging the last N checkpoints of its folder.",
+        allow_abbrev=False,
     )
     parser.add_argument("checkpoint", help="a .ckpt file (best, last), or with --average the checkpoint folder")
     parser.add_argument("folder", help="where to write the Hugging Face model folder")
@@ -87,22 +86,45 @@ def export_main(argv: list[str]) -> None:
         print(f"Exported to {export(checkpoint, args.folder)}")
 
 
-COMMANDS = {"export": export_main, "push": push_main}
+def push_main(argv: list[str]) -> None:
+    from .hub import push_main
+
+    push_main(argv)
+
+
+def run(argv: list[str]) -> None:
+    """Run one `hf-transformer` command line (without the program name); errors propagate."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return
+    command, *rest = argv
+    if command == "export":
+        export_main(rest)
+    elif command == "push":
+        push_main(rest)
+    elif command in TRAINER_COMMANDS or command.startswith("-"):
+        from .training_cli import TranslationCLI
+
+        # LightningCLI reads sys.argv itself when given None: it warns when both are set.
+        TranslationCLI(args=None if argv == sys.argv[1:] else argv)
+    else:
+        raise UserError(f"unknown command {command!r}: choose one of fit, validate, test, predict, export, push")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of `hf-transformer`; `argv` replaces the command line (for calls from Python)."""
+    """Entry point of `hf-transformer`; `argv` replaces the command line (for calls from Python). A `UserError`
+    prints its message alone and exits with status 1; --traceback shows the traceback too."""
     words = sys.argv[1:] if argv is None else argv
-    if words and words[0] in COMMANDS:
-        COMMANDS[words[0]](words[1:])
-        return
-    TranslationCLI(
-        TranslationModule,
-        TranslationDataModule,
-        args=argv,
-        trainer_defaults={"use_distributed_sampler": False},  # the data module shards its token-budget batches
-        save_config_kwargs={"overwrite": True},
-    )
+    show_traceback = "--traceback" in words or os.environ.get("HF_TRANSFORMER_TRACEBACK", "") not in ("", "0")
+    words = [word for word in words if word != "--traceback"]
+    try:
+        run(words)
+    except UserError as err:
+        if show_traceback:
+            raise
+        command = f"hf-transformer {words[0]}" if words else "hf-transformer"
+        print(f"{command}: error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

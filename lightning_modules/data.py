@@ -8,15 +8,16 @@ import numpy as np
 import torch.distributed as dist
 from datasets import Dataset
 from datasets.fingerprint import Hasher
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerFast
 
 from .batching import ResumableDataLoader, TokenBudgetBatchSampler, TranslationCollator
 from .errors import DataError
-from .sources import load_split, to_pairs
+from .sources import check_source, load_split, to_pairs
 from .synthetic import SOURCE_LANG, TARGET_LANG, synthetic_splits
 from .tokenization import (
+    check_trained_on,
     has_saved_tokenizer,
     load_tokenizer,
     save_tokenizer,
@@ -26,8 +27,11 @@ from .tokenization import (
 
 # Below this many rows per process, starting tokenizer processes costs more than it saves.
 _ROWS_PER_TOKENIZER_PROCESS = 50_000
+# Above this share of `<unk>` among the training tokens, the tokenizer does not fit the data: training stops. Above
+# the lower one, it warns. A BPE vocabulary trained on the same data has next to none.
+_UNKNOWN_RATE_ERROR, _UNKNOWN_RATE_WARNING = 0.05, 0.005
 # Part of the tokenized data's cache key: change it whenever `_encode_pairs` changes.
-_ENCODING = "encode_pairs-v1"
+_ENCODING = "encode_pairs-v2"
 _ROLES_OF_STAGE = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), "predict": ("test",)}
 
 
@@ -76,6 +80,8 @@ class TranslationDataModule(pl.LightningDataModule):
         self.save_hyperparameters()
         if source_lang == target_lang:
             raise DataError(f"source_lang and target_lang are both {source_lang!r}: choose two different languages")
+        if dataset != "synthetic":
+            check_source(dataset)
         if max_tokens < max(max_source_positions, max_target_positions):
             raise DataError(
                 f"max_tokens={max_tokens} is smaller than max_source_positions={max_source_positions} or "
@@ -99,14 +105,23 @@ class TranslationDataModule(pl.LightningDataModule):
         if hp.tokenizer is not None:
             return load_tokenizer(hp.tokenizer)
         if has_saved_tokenizer(hp.tokenizer_dir):
-            rank_zero_info(f"Loading the tokenizer saved in {hp.tokenizer_dir} (delete it to train a new one)")
+            check_trained_on(hp.tokenizer_dir, self._tokenizer_recipe())
+            rank_zero_info(f"Loading the tokenizer saved in {hp.tokenizer_dir}, trained earlier on the same data")
             return load_tokenizer(hp.tokenizer_dir)
         rows = self._raw_split(hp.train_split).iter(batch_size=1000)
         sentences = (batch[side] for batch in rows for side in ("source_text", "target_text"))
         tokenizer = train_bpe_tokenizer(sentences, hp.bpe_vocab_size, hp.bpe_min_frequency)
         if hp.tokenizer_dir is not None:
-            save_tokenizer(tokenizer, hp.tokenizer_dir)
+            save_tokenizer(tokenizer, hp.tokenizer_dir, self._tokenizer_recipe())
         return tokenizer
+
+    def _tokenizer_recipe(self) -> dict[str, Any]:
+        """What a trained tokenizer depends on: the training data and the BPE settings."""
+        names = ["dataset", "dataset_config", "train_split", "source_lang", "target_lang"]
+        names += ["bpe_vocab_size", "bpe_min_frequency"]
+        if self.hparams.dataset == "synthetic":
+            names += ["synthetic_train_size", "seed"]
+        return {name: self.hparams[name] for name in names}
 
     # -------------------------------------------------------------------------------------------------- splits
     def _split_name(self, role: str) -> str:
@@ -142,7 +157,7 @@ class TranslationDataModule(pl.LightningDataModule):
             return
         log_dir = self.trainer.log_dir  # a broadcast from rank 0: every rank must ask, or DDP hangs
         if self.trainer.is_global_zero and log_dir is not None:
-            save_tokenizer(self.tokenizer, Path(log_dir) / "tokenizer")
+            save_tokenizer(self.tokenizer, Path(log_dir) / "tokenizer", self._tokenizer_recipe())
 
     def _prepare(self, role: str) -> tuple[Dataset, np.ndarray, np.ndarray]:
         """Tokenize and filter a split once: (dataset, source lengths, target lengths)."""
@@ -158,7 +173,7 @@ class TranslationDataModule(pl.LightningDataModule):
         return pairs.map(
             _encode_pairs,
             batched=True,
-            fn_kwargs={"tokenizer": self.tokenizer},
+            fn_kwargs={"tokenizer": self.tokenizer, "unknown_id": self.tokenizer.unk_token_id},
             num_proc=num_proc if num_proc > 1 else None,
             new_fingerprint=Hasher.hash([pairs._fingerprint, tokenizer_fingerprint(self.tokenizer), _ENCODING]),
             desc="Tokenizing",
@@ -185,6 +200,8 @@ class TranslationDataModule(pl.LightningDataModule):
                 f"empty side, {stats['dropped_too_long']} longer than max_source_positions={hp.max_source_positions}"
                 f"/max_target_positions={hp.max_target_positions} tokens); raise the limits or check the languages"
             )
+        if training:
+            self._check_unknown_rate(split, encoded, source, target)
         if training:  # the raw text is only needed to score translations
             encoded = encoded.select(np.flatnonzero(keep)).select_columns(["input_ids", "labels"])
         else:
@@ -196,6 +213,25 @@ class TranslationDataModule(pl.LightningDataModule):
         self._log_filter_stats(role, stats)
         lengths = np.minimum(source[keep], hp.max_source_positions), np.minimum(target[keep], hp.max_target_positions)
         return encoded, *lengths
+
+    def _check_unknown_rate(self, split: str, encoded: Dataset, source: np.ndarray, target: np.ndarray) -> None:
+        unknown = int(encoded.with_format("numpy", columns=["unknown_tokens"])[:]["unknown_tokens"].sum())
+        rate = unknown / max(int(source.sum() + target.sum()), 1)
+        if rate <= _UNKNOWN_RATE_WARNING:
+            return
+        hp = self.hparams
+        if hp.tokenizer is not None:
+            origin = f"the tokenizer {hp.tokenizer!r}"
+        else:
+            origin = f"the tokenizer in {hp.tokenizer_dir}" if hp.tokenizer_dir else "the tokenizer trained on it"
+        message = (
+            f"{rate:.1%} of the tokens of training split {split!r} are {self.tokenizer.unk_token} ({unknown} tokens): "
+            f"{origin} does not cover this data's characters or languages. Use a tokenizer made for this data "
+            "(data.tokenizer: null trains one; data.tokenizer_dir names where)"
+        )
+        if rate > _UNKNOWN_RATE_ERROR:
+            raise DataError(message)
+        rank_zero_warn(message)
 
     def _log_filter_stats(self, role: str, stats: dict[str, int]) -> None:
         trainer = self.trainer
@@ -252,7 +288,9 @@ class TranslationDataModule(pl.LightningDataModule):
         )
 
 
-def _encode_pairs(batch: dict[str, list[str]], tokenizer: PreTrainedTokenizerFast) -> dict[str, list[Any]]:
+def _encode_pairs(
+    batch: dict[str, list[str]], tokenizer: PreTrainedTokenizerFast, unknown_id: int | None
+) -> dict[str, list[Any]]:
     source = tokenizer(batch["source_text"])["input_ids"]
     target = tokenizer(batch["target_text"])["input_ids"]
     return {
@@ -260,6 +298,9 @@ def _encode_pairs(batch: dict[str, list[str]], tokenizer: PreTrainedTokenizerFas
         "labels": target,
         "source_length": [len(ids) for ids in source],
         "target_length": [len(ids) for ids in target],
+        "unknown_tokens": [
+            (source_ids + target_ids).count(unknown_id) for source_ids, target_ids in zip(source, target, strict=True)
+        ],
         "empty": [
             not s.strip() or not t.strip() for s, t in zip(batch["source_text"], batch["target_text"], strict=True)
         ],

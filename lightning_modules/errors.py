@@ -1,5 +1,17 @@
-"""The error raised for bad input data."""
+"""Errors the user can fix. The `hf-transformer` command prints their message alone, without a traceback."""
 
 
-class DataError(ValueError):
-    """Input data that cannot be used as given; the message names the file, line or field and the fix."""
+class UserError(ValueError):
+    """Input that cannot be used as given; the message names the file, line or field and the fix."""
+
+
+class DataError(UserError):
+    """Bad input data: a dataset, a split, a tokenizer."""
+
+
+class ConfigError(UserError):
+    """A setting that cannot work, found before any work starts."""
+
+
+class TrainingDiverged(UserError, FloatingPointError):
+    """The training loss became NaN or infinite."""

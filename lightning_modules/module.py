@@ -15,6 +15,7 @@ from hf_transformer.loss import translation_loss
 from hf_transformer.translate import beam_search
 
 from .checkpoint import tokenizer_from_checkpoint, tokenizer_state
+from .errors import ConfigError, TrainingDiverged
 
 ModelSize = int | None
 
@@ -38,6 +39,25 @@ def inverse_sqrt_lr_lambda(peak_lr: float, warmup_steps: int):
         return peak_lr * min(step / warmup_steps, math.sqrt(warmup_steps / step))
 
     return lr_lambda
+
+
+def check_training_settings(hparams: dict[str, Any]) -> None:
+    """Refuse settings that would fail only later (a division by zero in the schedule, a loss error after the
+    sanity check), naming the setting."""
+    rules = {
+        "label_smoothing": (lambda value: 0 <= value < 1, "must be in [0, 1) (the paper uses 0.1)"),
+        "warmup_steps": (lambda value: value >= 1, "must be at least 1 (the paper warms up for 4000 steps)"),
+        "lr_factor": (lambda value: value > 0, "must be positive"),
+        "peak_lr": (lambda value: value > 0, "must be positive"),
+        "eps": (lambda value: value > 0, "must be positive (the paper uses 1e-9)"),
+        "betas": (lambda value: all(0 <= beta < 1 for beta in value), "must both be in [0, 1) (the paper: 0.9, 0.98)"),
+        "weight_decay": (lambda value: value >= 0, "must be at least 0"),
+        "num_beams": (lambda value: value >= 1, "must be at least 1 (the paper uses 4)"),
+        "max_length_offset": (lambda value: value >= 0, "must be at least 0 (the paper uses 50)"),
+    }
+    for name, (is_valid, rule) in rules.items():
+        if not is_valid(hparams[name]):
+            raise ConfigError(f"model.{name}={hparams[name]!r} {rule}")
 
 
 class TranslationModule(pl.LightningModule):
@@ -86,6 +106,7 @@ class TranslationModule(pl.LightningModule):
     ):
         super().__init__()
         self.save_hyperparameters()
+        check_training_settings(self.hparams)
         sizes = {
             "d_model": d_model,
             "encoder_layers": encoder_layers,
@@ -96,23 +117,26 @@ class TranslationModule(pl.LightningModule):
             "decoder_ffn_dim": ffn_dim,
             "dropout": dropout,
         }
-        config = TransformerConfig.from_preset(
-            preset,
-            **{name: value for name, value in sizes.items() if value is not None},
-            attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout,
-            normalize_before=normalize_before,
-            max_position_embeddings=max_position_embeddings,
-            vocab_size=vocab_size,
-            pad_token_id=pad_token_id,
-            bos_token_id=bos_token_id,
-            eos_token_id=eos_token_id,
-            decoder_start_token_id=bos_token_id,
-        )
+        try:
+            config = TransformerConfig.from_preset(
+                preset,
+                **{name: value for name, value in sizes.items() if value is not None},
+                attention_dropout=attention_dropout,
+                activation_dropout=activation_dropout,
+                normalize_before=normalize_before,
+                max_position_embeddings=max_position_embeddings,
+                vocab_size=vocab_size,
+                pad_token_id=pad_token_id,
+                bos_token_id=bos_token_id,
+                eos_token_id=eos_token_id,
+                decoder_start_token_id=bos_token_id,
+            )
+        except ValueError as err:
+            raise ConfigError(f"model settings: {err}") from err
         if init_from is not None:
             self.model = TransformerForConditionalGeneration.from_pretrained(init_from)
             if self.model.config.vocab_size != vocab_size:
-                raise ValueError(
+                raise ConfigError(
                     f"init_from={init_from!r} has a vocabulary of {self.model.config.vocab_size} tokens but the data "
                     f"module's tokenizer has {vocab_size}: set data.tokenizer to the model's tokenizer ({init_from})."
                 )
@@ -149,7 +173,7 @@ class TranslationModule(pl.LightningModule):
         loss_sum, target_tokens = self.training_loss(batch)
         loss = loss_sum / target_tokens
         if not torch.isfinite(loss):
-            raise FloatingPointError(
+            raise TrainingDiverged(
                 f"Training loss is {loss.item()} at step {self.global_step}. The weights were not updated with it; "
                 "resume from the last checkpoint (--ckpt_path last) with a lower learning rate (model.lr_factor or "
                 "model.peak_lr), more warm-up (model.warmup_steps), gradient clipping (trainer.gradient_clip_val) or "

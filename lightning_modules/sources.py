@@ -44,6 +44,22 @@ def load_split(dataset: str, config: str | None, split: str, source_lang: str, t
     return _load_with_datasets(dataset, config, split, source_lang, target_lang)
 
 
+def check_source(dataset: str) -> None:
+    """Fail at once, before any work, when `dataset` names a local path that does not exist. Hub ids ("name",
+    "namespace/name") are checked when loaded."""
+    path = Path(dataset).expanduser()
+    looks_local = dataset.startswith((".", "/", "~")) or "{split}" in dataset or dataset.count("/") > 1
+    looks_local |= path.name.removesuffix(".gz").rsplit(".", 1)[-1] in _TABLE_FORMATS
+    if "{split}" in dataset:
+        path = path.parent  # the split's files are checked when loaded
+    if looks_local and not path.exists():
+        raise DataError(
+            f"dataset {dataset!r}: {path} does not exist. Give a folder of {{split}}.<lang>[.gz] or "
+            f"{{split}}.<{','.join(_TABLE_FORMATS)}> files, a data file, 'synthetic', or a Hub dataset id "
+            "(data.dataset in the config or --data.dataset)"
+        )
+
+
 def _load_single_file(path: Path, split: str, source_lang: str, target_lang: str) -> Dataset:
     # A lone file is a split of its own name (train.jsonl); other splits need the `{split}` placeholder.
     if path.name.split(".")[0] != split:

@@ -1,16 +1,21 @@
 """The tokenizer: load an existing one, or train a joint BPE vocabulary on the training pairs (as in the paper)."""
 
 import hashlib
+import json
 import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from .errors import DataError
 
+# Beside the tokenizer files: the data and settings a trained tokenizer was made from.
+TRAINED_ON_FILE = "trained_on.json"
 # Ids 0..3 in this order: the model config and the collator rely on them.
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = {"pad_token": PAD, "bos_token": BOS, "eos_token": EOS, "unk_token": UNK}
@@ -54,13 +59,40 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def save_tokenizer(tokenizer: PreTrainedTokenizerFast, directory: str | Path) -> None:
-    """Save into `directory`, replacing each file atomically: ranks that write the same tokenizer at once are safe."""
+def save_tokenizer(
+    tokenizer: PreTrainedTokenizerFast, directory: str | Path, trained_on: dict[str, Any] | None = None
+) -> None:
+    """Save into `directory`, replacing each file atomically: ranks that write the same tokenizer at once are safe.
+    `trained_on` (the data and settings it was trained from) is saved beside it, for `check_trained_on`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as staging:
-        for path in tokenizer.save_pretrained(staging):
+        paths = list(tokenizer.save_pretrained(staging))
+        if trained_on is not None:
+            paths.append(Path(staging) / TRAINED_ON_FILE)
+            paths[-1].write_text(json.dumps(trained_on, indent=2) + "\n")
+        for path in paths:
             os.replace(path, directory / Path(path).name)
+
+
+def check_trained_on(directory: str | Path, trained_on: dict[str, Any]) -> None:
+    """Refuse to reuse the tokenizer saved in `directory` for data or settings other than those it was trained on:
+    its vocabulary would not fit (a German corpus read with the demo's numbers tokenizer is a fifth `<unk>`)."""
+    record = Path(directory) / TRAINED_ON_FILE
+    if not record.is_file():
+        rank_zero_warn(
+            f"{directory} holds a tokenizer with no record of what it was trained on ({TRAINED_ON_FILE}, written "
+            "since hf-transformer 0.1): it is used as it is; delete the folder if it belongs to other data"
+        )
+        return
+    saved = json.loads(record.read_text())
+    changed = {key: (saved.get(key), value) for key, value in trained_on.items() if saved.get(key) != value}
+    if changed:
+        differences = "; ".join(f"{key}: {old!r} then, {new!r} now" for key, (old, new) in changed.items())
+        raise DataError(
+            f"the tokenizer in {directory} was trained for other data ({differences}). Delete {directory} to train "
+            "one for this data there, or set data.tokenizer_dir to another folder"
+        )
 
 
 def has_saved_tokenizer(directory: str | Path | None) -> bool:

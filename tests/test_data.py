@@ -144,11 +144,35 @@ def test_tokenizer_dir_saves_then_reloads_instead_of_retraining(tmp_path):
     folder = tmp_path / "tokenizer"
     first = TranslationDataModule(tokenizer_dir=str(folder), **SMALL)
     written = (folder / "tokenizer.json").stat().st_mtime_ns
-    second = TranslationDataModule(tokenizer_dir=str(folder), bpe_vocab_size=50, **SMALL)
+    second = TranslationDataModule(tokenizer_dir=str(folder), **SMALL)
     assert (folder / "tokenizer.json").stat().st_mtime_ns == written
     assert second.tokenizer.get_vocab() == first.tokenizer.get_vocab()
     existing = TranslationDataModule(tokenizer=str(folder), **SMALL)
     assert existing.tokenizer.get_vocab() == first.tokenizer.get_vocab() and existing.vocab_size == first.vocab_size
+
+
+def test_a_saved_tokenizer_is_refused_for_other_data_or_settings(tmp_path):
+    """The demo pins tokenizer_dir: training on other data in the same folder must not reuse its vocabulary."""
+    folder = tmp_path / "tokenizer"
+    TranslationDataModule(tokenizer_dir=str(folder), **SMALL)
+    assert json.loads((folder / "trained_on.json").read_text())["dataset"] == "synthetic"
+    with pytest.raises(DataError, match=r"bpe_vocab_size: 8000 then, 50 now.*Delete .*tokenizer"):
+        TranslationDataModule(tokenizer_dir=str(folder), **{**SMALL, "bpe_vocab_size": 50})
+    (tmp_path / "data").mkdir()
+    write_jsonl(tmp_path / "data" / "train.jsonl", [{"en": s, "de": t} for s, t in PAIRS])
+    with pytest.raises(DataError, match=r"dataset: 'synthetic' then, .*data' now.*source_lang: 'digits' then, 'en'"):
+        TranslationDataModule(
+            dataset=str(tmp_path / "data"), source_lang="en", target_lang="de", tokenizer_dir=str(folder)
+        )
+
+
+def test_a_tokenizer_that_does_not_cover_the_data_stops_training(tmp_path):
+    numbers = tmp_path / "numbers"
+    TranslationDataModule(tokenizer_dir=str(numbers), **SMALL)  # digits and English number words only
+    for split in ("train", "validation", "test"):
+        write_jsonl(tmp_path / f"{split}.jsonl", [{"en": s, "de": t} for s, t in PAIRS * 5])
+    with pytest.raises(DataError, match=r"% of the tokens of training split 'train' are <unk>.*does not cover"):
+        local_module(tmp_path, tokenizer=str(numbers))
 
 
 def test_bpe_training_is_deterministic():

@@ -15,14 +15,14 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_transformer import TransformerForConditionalGeneration
 from lightning_modules.checkpoint import average_checkpoints, export, load_checkpoint, model_from_checkpoint
-from lightning_modules.cli import main
+from lightning_modules.cli import main, run
 from lightning_modules.module import noam_lr_lambda
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
 
 def fit(*overrides: str) -> None:
-    main(["fit", "--config", str(DEMO), "--config", "tiny.yaml", *overrides])
+    run(["fit", "--config", str(DEMO), "--config", "tiny.yaml", *overrides])
 
 
 def val_bleu(log_dir: Path) -> list[float]:
@@ -131,6 +131,25 @@ def test_config_errors_are_reported_before_any_work(run_dir):
         assert time.monotonic() - started < 60
 
 
+@pytest.mark.parametrize(
+    ("bad", "expected"),
+    [
+        ("--model.d_modle=64", "did you mean --model.d_model?"),
+        ("--trainer.max_step=3", "did you mean --trainer.max_steps?"),  # an abbreviation is refused, not expanded
+        ("--model.warmup_steps=0", "model.warmup_steps=0 must be at least 1"),
+        ("--model.label_smoothing=1.5", "model.label_smoothing=1.5 must be in [0, 1)"),
+        ("--data.dataset=./no/such/folder", "no/such/folder does not exist"),
+    ],
+)
+def test_mistakes_are_one_message_before_any_work(run_dir, capsys, bad, expected):
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", str(DEMO), "--config", "tiny.yaml", bad])
+    assert stopped.value.code == 1
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith("hf-transformer fit: error: ") and expected in message
+    assert not (run_dir / "runs").exists()
+
+
 def test_sigterm_saves_a_checkpoint_that_resumes(run_dir):
     """Pre-emption: SIGTERM mid-training leaves a checkpoint that `--ckpt_path last` picks up."""
     process = subprocess.Popen(
@@ -193,6 +212,21 @@ def test_export_then_from_pretrained_translates_like_the_checkpoint(run_dir):
     inputs = tokenizer(["4821", "17", "300000"], return_tensors="pt", padding=True)
     assert exported.generation_config.num_beams == 2  # what the run used
     assert torch.equal(exported.generate(**inputs, max_new_tokens=12), original.generate(**inputs, max_new_tokens=12))
+
+
+def test_readme_snippet_for_a_trained_model_runs_as_written(run_dir):
+    """README's "Using a trained model" block, verbatim, on an exported demo run: no prompt for remote code (a prompt
+    would wait on the closed stdin), no warning about model types."""
+    fit("--trainer.max_steps=6")
+    main(["export", "runs/demo/checkpoints/last.ckpt", "exports/demo"])
+    readme = (DEMO.parents[1] / "README.md").read_text()
+    snippet = readme.split("## Using a trained model", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    result = subprocess.run(
+        [sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "custom code" not in result.stdout + result.stderr and "model of type" not in result.stderr
+    assert "translation_text" in result.stdout
 
 
 def test_export_as_marian_from_a_checkpoint_or_a_folder_loads_without_remote_code(run_dir):

@@ -1,0 +1,74 @@
+"""LightningCLI with the project's links and one-line reports of mistakes in options and config files."""
+
+import difflib
+import json
+import re
+from pathlib import Path
+from typing import Any, NoReturn
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from .data import TranslationDataModule
+from .errors import ConfigError
+from .module import TranslationModule, check_training_settings
+
+
+class TranslationArgumentParser(LightningArgumentParser):
+    """Refuses abbreviated options (`--trainer.max_step` would silently set `max_steps`) and reports a mistake as one
+    message naming the closest valid key, instead of jsonargparse's full usage text."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:  # a tentative parse inside jsonargparse, which catches the error
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        valid_keys = list(parser.get_defaults().keys())
+        hints = []
+        for key in re.findall(r"(?:--|')([A-Za-z_][\w.]*)", message):
+            if key not in valid_keys:
+                hints += [f"--{match}" for match in difflib.get_close_matches(key, valid_keys, n=1, cutoff=0.6)]
+        hint = f" (did you mean {', '.join(dict.fromkeys(hints))}?)" if hints else ""
+        raise ConfigError(f"{message}{hint}. `{parser.prog.replace(' [options]', '')} --help` lists the options.")
+
+
+class TranslationCLI(LightningCLI):
+    def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(
+            TranslationModule,
+            TranslationDataModule,
+            args=args,
+            parser_class=TranslationArgumentParser,
+            trainer_defaults={"use_distributed_sampler": False},  # the data module shards its token-budget batches
+            save_config_kwargs={"overwrite": True},
+            **kwargs,
+        )
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # The tokenizer decides the vocabulary and special ids: the model takes them from the data module.
+        for name in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id"):
+            parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
+        # The model decides how long a sequence may be: the data keeps and cuts pairs to its positions.
+        for side in ("source", "target"):
+            parser.link_arguments("model.max_position_embeddings", f"data.max_{side}_positions")
+
+    def before_instantiate_classes(self) -> None:
+        # The data module is built first (the model takes the vocabulary from it) and trains a tokenizer: check the
+        # training settings before that work.
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        check_training_settings(config.model)
+
+    def after_test(self) -> None:
+        """Write the test hypotheses, one per line in test-set order, next to the scores."""
+        hypotheses = self.model.gathered_test_hypotheses()
+        if self.trainer.is_global_zero:
+            folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "test_hypotheses.txt").write_text("".join(f"{line}\n" for line in hypotheses))
+            scores = {
+                name: float(value) for name, value in self.trainer.callback_metrics.items() if name.startswith("test/")
+            }
+            (folder / "test_scores.json").write_text(json.dumps(scores, indent=2) + "\n")
+            print(f"Test hypotheses and scores written to {folder}")
