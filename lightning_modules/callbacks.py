@@ -1,6 +1,7 @@
 """Engineering around training that belongs to no single module: throughput, padding and MFU logging, and a
 W&B logger that falls back to offline runs."""
 
+import importlib.util
 import netrc
 import os
 import time
@@ -11,6 +12,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.loggers import WandbLogger
+
+from .errors import ConfigError
 
 
 class TranslationThroughput(pl.Callback):
@@ -87,6 +90,11 @@ class AutoWandbLogger(WandbLogger):
         tags: list[str] | None = None,
         group: str | None = None,
     ):
+        if importlib.util.find_spec("wandb") is None:
+            raise ConfigError(
+                "the config asks for W&B logging (AutoWandbLogger, e.g. configs/trainer/wandb.yaml) but wandb is not "
+                'installed: pip install "hf-transformer[wandb]" (or pip install wandb), or drop that logger'
+            )
         if offline is None:
             # "dryrun" is W&B's older spelling of offline, still accepted by wandb 0.31.
             offline = os.environ.get("WANDB_MODE") in ("offline", "dryrun") or not wandb_credentials_found()

@@ -150,6 +150,20 @@ def test_mistakes_are_one_message_before_any_work(run_dir, capsys, bad, expected
     assert not (run_dir / "runs").exists()
 
 
+def test_the_data_keeps_and_cuts_pairs_to_the_model_positions(run_dir):
+    """One value: a model with fewer positions makes the data drop longer training pairs and cut evaluation pairs."""
+    from lightning_modules.training_cli import TranslationCLI
+
+    cli = TranslationCLI(
+        args=["--config", str(DEMO), "--config", "tiny.yaml", "--model.max_position_embeddings=9"], run=False
+    )
+    assert cli.model.model.config.max_position_embeddings == 9
+    assert cli.datamodule.hparams.max_source_positions == cli.datamodule.hparams.max_target_positions == 9
+    cli.datamodule.setup("fit")
+    assert cli.datamodule.filter_stats["train"]["dropped_too_long"] > 0
+    assert max(batch["labels"].shape[1] for batch in cli.datamodule.val_dataloader()) <= 9
+
+
 def test_sigterm_saves_a_checkpoint_that_resumes(run_dir):
     """Pre-emption: SIGTERM mid-training leaves a checkpoint that `--ckpt_path last` picks up."""
     process = subprocess.Popen(

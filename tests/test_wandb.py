@@ -253,3 +253,15 @@ def test_wandb_mode_offline_wins_over_credentials(no_credentials, monkeypatch, m
     monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
     monkeypatch.setenv("WANDB_MODE", mode)
     assert AutoWandbLogger(save_dir=str(no_credentials))._offline is True
+
+
+def test_a_wandb_config_without_wandb_installed_says_how_to_install_it(no_credentials, monkeypatch):
+    """wandb is an extra: a config that asks for it on a lean install gets the pip line, not an ImportError."""
+    import importlib.util
+
+    from lightning_modules.errors import ConfigError
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
+    with pytest.raises(ConfigError, match=r"wandb is not installed: pip install \"hf-transformer\[wandb\]\""):
+        AutoWandbLogger(save_dir=str(no_credentials))
