@@ -247,11 +247,19 @@ class SinusoidalPositionalEncoding(nn.Module):
         return self.table[start : start + length]
 
 
-def check_token_ids(input_ids: torch.Tensor, vocab_size: int, ignore_index: int | None = None) -> None:
-    """Raise a readable error for ids outside [0, vocab_size) (other than `ignore_index`) instead of an index error
-    deep inside torch. Skipped under `torch.compile`, whose graphs cannot raise on values."""
-    if torch.compiler.is_compiling() or input_ids.numel() == 0:
+def check_token_ids(
+    input_ids: torch.Tensor, vocab_size: int, ignore_index: int | None = None, name: str = "input_ids"
+) -> None:
+    """Raise a readable error for an empty batch or ids outside [0, vocab_size) (other than `ignore_index`) instead
+    of a reshape or index error deep inside torch. Skipped under `torch.compile`, whose graphs cannot raise on
+    values."""
+    if torch.compiler.is_compiling():
         return
+    if input_ids.numel() == 0:
+        raise ValueError(
+            f"{name} has shape {tuple(input_ids.shape)}: a batch needs at least one sequence of at least one token "
+            "(the tokenizer saved with the model encodes even an empty string as '</s>')."
+        )
     out_of_range = ((input_ids < 0) | (input_ids >= vocab_size)) & (input_ids != ignore_index)
     if out_of_range.any():
         bad = input_ids[out_of_range].unique()[:5].tolist()
@@ -655,7 +663,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         """
         keeps_a_mask = isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.dtype == torch.bool
         if labels is not None:
-            check_token_ids(labels, self.config.vocab_size, ignore_index=-100)
+            check_token_ids(labels, self.config.vocab_size, ignore_index=-100, name="labels")
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
                 use_cache = False

@@ -1,16 +1,18 @@
-"""Engineering around training that belongs to no single module: throughput, padding and MFU logging, and a
-W&B logger that falls back to offline runs."""
+"""Engineering around training that belongs to no single module: throughput, padding and MFU logging, a W&B logger
+that falls back to offline runs, and progress written as plain lines."""
 
 import importlib.util
 import netrc
 import os
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.utilities.throughput import get_available_flops
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.loggers import WandbLogger
 
 from .errors import ConfigError
@@ -108,3 +110,96 @@ class AutoWandbLogger(WandbLogger):
             tags=tags,
             group=group,
         )
+
+
+class LineProgress(ProgressBar):
+    """Progress as plain lines, which read the same in a terminal and in a log file: one every `every_n_steps`
+    training steps (loss, learning rate, target tokens/s), one per validation (loss, BLEU, chrF), and at the end of
+    `fit` a summary: steps, time, BLEU, sample translations, where the checkpoints and the tokenizer are, and the
+    command that exports the model."""
+
+    def __init__(self, every_n_steps: int = 100, num_samples: int = 3) -> None:
+        super().__init__()
+        self.every_n_steps = every_n_steps
+        self.num_samples = num_samples
+        self._enabled = True
+        self._started = time.monotonic()
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def _print(self, trainer: pl.Trainer, line: str) -> None:
+        if self._enabled and trainer.is_global_zero:
+            print(line, flush=True)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._started = time.monotonic()
+        limit = f"/{trainer.max_steps}" if trainer.max_steps > 0 else ""
+        self._print(trainer, f"Training from step {trainer.global_step}{limit} ({_count(pl_module)} parameters)")
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if step % self.every_n_steps:
+            return
+        metrics = trainer.callback_metrics
+        fields = [f"step {step}" + (f"/{trainer.max_steps}" if trainer.max_steps > 0 else "")]
+        fields.append(_elapsed(time.monotonic() - self._started))
+        if "train/loss" in metrics:
+            fields.append(f"loss {float(metrics['train/loss']):.3f}")
+        learning_rates = [group["lr"] for optimizer in trainer.optimizers for group in optimizer.param_groups]
+        if learning_rates:
+            fields.append(f"lr {learning_rates[0]:.2e}")
+        if "throughput/target_tokens_per_sec" in metrics:
+            fields.append(f"{float(metrics['throughput/target_tokens_per_sec']):,.0f} target tokens/s")
+        self._print(trainer, " | ".join(fields))
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        self._print(trainer, f"validation at step {trainer.global_step}: {_scores(trainer.callback_metrics, 'val')}")
+
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._print(trainer, f"test: {_scores(trainer.callback_metrics, 'test')}")
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        lines = [
+            "",
+            f"Trained {trainer.global_step} steps in {_elapsed(time.monotonic() - self._started)}; "
+            f"validation: {_scores(trainer.callback_metrics, 'val')}",
+        ]
+        for source, reference, hypothesis in pl_module.val_samples[: self.num_samples]:
+            lines += [f"  source:     {source}", f"  reference:  {reference}", f"  hypothesis: {hypothesis}"]
+        checkpoint = trainer.checkpoint_callback
+        if checkpoint is not None and checkpoint.dirpath:
+            last = Path(checkpoint.dirpath) / f"{checkpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"
+            lines.append(f"Checkpoints: {checkpoint.dirpath}")
+            datamodule = getattr(trainer, "datamodule", None)
+            tokenizer_location = getattr(datamodule, "tokenizer_location", None)
+            if tokenizer_location:
+                lines.append(f"Tokenizer:   {tokenizer_location}")
+            if last.exists():
+                lines.append(f"Export it:   hf-transformer export {last} exports/<name>")
+        print("\n".join(lines), flush=True)
+
+
+def _count(module: pl.LightningModule) -> str:
+    return f"{sum(parameter.numel() for parameter in module.parameters()) / 1e6:.1f} M"
+
+
+def _elapsed(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes}:{seconds:02d}"
+
+
+def _scores(metrics: dict[str, torch.Tensor], stage: str) -> str:
+    names = {"loss": "loss {:.3f}", "bleu": "BLEU {:.1f}", "chrf": "chrF {:.1f}"}
+    return ", ".join(
+        form.format(float(metrics[f"{stage}/{name}"])) for name, form in names.items() if f"{stage}/{name}" in metrics
+    )

@@ -91,6 +91,8 @@ class TranslationDataModule(pl.LightningDataModule):
         self._prepared: dict[str, tuple[Dataset, np.ndarray, np.ndarray]] = {}
         self.filter_stats: dict[str, dict[str, int]] = {}
         self.tokenizer: PreTrainedTokenizerFast = self._load_or_train_tokenizer()
+        # Where the tokenizer can be loaded from (None until a trained one is saved with the run).
+        self.tokenizer_location: str | None = tokenizer or tokenizer_dir
         self.vocab_size = len(self.tokenizer)
         self.pad_token_id: int = self.tokenizer.pad_token_id
         self.eos_token_id: int = self.tokenizer.eos_token_id
@@ -156,8 +158,10 @@ class TranslationDataModule(pl.LightningDataModule):
         if self.trainer is None:
             return
         log_dir = self.trainer.log_dir  # a broadcast from rank 0: every rank must ask, or DDP hangs
-        if self.trainer.is_global_zero and log_dir is not None:
-            save_tokenizer(self.tokenizer, Path(log_dir) / "tokenizer", self._tokenizer_recipe())
+        if log_dir is not None:
+            self.tokenizer_location = str(Path(log_dir) / "tokenizer")
+            if self.trainer.is_global_zero:
+                save_tokenizer(self.tokenizer, self.tokenizer_location, self._tokenizer_recipe())
 
     def _prepare(self, role: str) -> tuple[Dataset, np.ndarray, np.ndarray]:
         """Tokenize and filter a split once: (dataset, source lengths, target lengths)."""

@@ -149,6 +149,7 @@ class TranslationModule(pl.LightningModule):
         self.bleu = nn.ModuleDict({stage: SacreBLEUScore(tokenize="13a") for stage in ("val", "test")})
         self.chrf = nn.ModuleDict({stage: CHRFScore(n_word_order=0) for stage in ("val", "test")})
         self._samples: list[list[str]] = []
+        self.val_samples: list[list[str]] = []  # [source, reference, hypothesis] rows of the last validation
         self._hypotheses: list[tuple[int, str]] = []
 
     # --- training ----------------------------------------------------------------------------------------------
@@ -257,6 +258,8 @@ class TranslationModule(pl.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self._log_scores("val")
+        if not self.trainer.sanity_checking:
+            self.val_samples = self._samples
         if self._samples and not self.trainer.sanity_checking and hasattr(self.logger, "log_text"):
             self.logger.log_text("val/samples", columns=["source", "reference", "hypothesis"], data=self._samples)
         self._samples = []

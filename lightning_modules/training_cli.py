@@ -2,15 +2,31 @@
 
 import difflib
 import json
+import logging
 import re
+import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+import datasets
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from .data import TranslationDataModule
 from .errors import ConfigError
 from .module import TranslationModule, check_training_settings
+
+
+def _is_not_an_advertisement(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("💡 Tip:")  # Lightning's tips for its cloud products
+
+
+def _quiet_output() -> None:
+    """Output that reads well in a log file: no cloud tips, no progress bars redrawn in place by `datasets`."""
+    rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _is_not_an_advertisement not in rank_zero_logger.filters:
+        rank_zero_logger.addFilter(_is_not_an_advertisement)
+    if not sys.stderr.isatty():
+        datasets.disable_progress_bars()
 
 
 class TranslationArgumentParser(LightningArgumentParser):
@@ -36,6 +52,7 @@ class TranslationArgumentParser(LightningArgumentParser):
 
 class TranslationCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
+        _quiet_output()
         super().__init__(
             TranslationModule,
             TranslationDataModule,

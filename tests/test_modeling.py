@@ -332,6 +332,16 @@ def test_token_ids_outside_the_vocabulary_give_a_clear_error(tiny_config):
         model(input_ids=target, labels=source)
 
 
+@pytest.mark.parametrize("shape", [(0, 5), (2, 0)])
+def test_an_empty_batch_or_sequence_gives_a_clear_error(tiny_config, shape):
+    model = make_model(tiny_config)
+    empty = torch.ones(shape, dtype=torch.long)
+    with pytest.raises(ValueError, match=rf"input_ids has shape \({shape[0]}, {shape[1]}\): a batch needs at least"):
+        model(input_ids=empty, labels=torch.ones(max(shape[0], 1), 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"input_ids has shape"):
+        model.generate(empty, max_new_tokens=3)
+
+
 def test_too_long_input_names_max_position_embeddings(tiny_config):
     model = make_model(tiny_config)
     source = torch.randint(4, 64, (1, tiny_config.max_position_embeddings + 1))

@@ -65,15 +65,23 @@ def test_mfu_is_the_model_flops_per_second_over_the_device_peak(tiny_config, mon
 
 
 @pytest.mark.slow
-def test_demo_config_learns_the_synthetic_task(tmp_path, monkeypatch):
-    """The demo as shipped (model size, data, schedule), cut to 400 steps: BLEU goes from ~0 to well above."""
+def test_demo_config_learns_the_synthetic_task(tmp_path, monkeypatch, capsys):
+    """The demo as shipped (model size, data, schedule), cut to 400 steps: BLEU goes from ~0 to well above, and the
+    run ends on a summary that shows what it learned and what to do next."""
     monkeypatch.chdir(tmp_path)
-    quick = ["--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=2", "--data.synthetic_eval_size=64"]
+    quick = ["--trainer.limit_val_batches=2", "--data.synthetic_eval_size=64"]
     main(["validate", "--config", str(DEMO), *quick])
     untrained = val_bleu(tmp_path)[-1]
+    capsys.readouterr()
     main(["fit", "--config", str(DEMO), *quick, "--trainer.max_steps=400", "--trainer.val_check_interval=400"])
     trained = val_bleu(tmp_path)[-1]
     assert untrained < 5 and trained > 25, (untrained, trained)
+    printed = capsys.readouterr().out
+    assert "step 100/400 | " in printed and "validation at step 400: loss " in printed
+    summary = printed.split("Trained 400 steps in ", 1)[1]
+    assert f"BLEU {trained:.1f}" in summary and summary.count("hypothesis: ") == 3
+    assert "Tokenizer:   runs/demo/tokenizer" in summary
+    assert "Export it:   hf-transformer export runs/demo/checkpoints/last.ckpt exports/<name>" in summary
 
 
 def test_resume_mid_epoch_ends_with_the_same_weights(run_dir):
