@@ -1,6 +1,7 @@
 """The training step: the chunked label-smoothed loss, its compilation into one graph, and the optimizer."""
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -167,3 +168,27 @@ def test_adam_is_fused_on_gpus_and_multi_tensor_elsewhere(device):
         device == "cuda",
         device != "cuda",
     )
+
+
+@pytest.mark.parametrize("lr_schedule", ["noam", "inverse_sqrt"])
+def test_learning_rate_of_each_update_is_the_schedules_formula(lr_schedule):
+    """Update k (from 1) runs at the paper's d_model^-0.5 * min(k^-0.5, k * warmup^-1.5) times lr_factor (noam), or at
+    peak_lr * min(k / warmup, sqrt(warmup / k)) (inverse_sqrt): the peak exactly at update `warmup`."""
+    warmup, factor, peak = 10, 2.0, 3e-3
+    module = tiny_module(lr_schedule=lr_schedule, warmup_steps=warmup, lr_factor=factor, peak_lr=peak)
+    optimization = module.configure_optimizers()
+    optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
+    learning_rates = {}
+    for update in range(1, 4 * warmup + 1):
+        learning_rates[update] = optimizer.param_groups[0]["lr"]
+        optimizer.step()  # no gradients: the parameters stay, the schedule advances as in training
+        scheduler.step()
+
+    def formula(k: int) -> float:
+        if lr_schedule == "noam":
+            return factor * TINY_MODULE["d_model"] ** -0.5 * min(k**-0.5, k * warmup**-1.5)
+        return peak * min(k / warmup, math.sqrt(warmup / k))
+
+    for update in (1, 2, warmup - 1, warmup, warmup + 1, 2 * warmup, 4 * warmup):
+        assert learning_rates[update] == pytest.approx(formula(update), rel=1e-12), update
+    assert max(learning_rates, key=learning_rates.get) == warmup
