@@ -5,6 +5,7 @@ import math
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -192,3 +193,31 @@ def test_learning_rate_of_each_update_is_the_schedules_formula(lr_schedule):
     for update in (1, 2, warmup - 1, warmup, warmup + 1, 2 * warmup, 4 * warmup):
         assert learning_rates[update] == pytest.approx(formula(update), rel=1e-12), update
     assert max(learning_rates, key=learning_rates.get) == warmup
+
+
+def test_throughput_reads_nothing_from_the_device_between_the_steps_that_log(monkeypatch):
+    """The counts stay on the device: no tensor is read to the host (nor the GPU synchronized) until a step logs."""
+    from lightning_modules import callbacks
+
+    monkeypatch.setattr(callbacks, "get_available_flops", lambda device, dtype: 1e12)  # so MFU is counted too
+    logged = {}
+    module = SimpleNamespace(model=tiny_module().model, device=torch.device("cpu"), log_dict=logged.update)
+    trainer = SimpleNamespace(precision="bf16-mixed")
+    throughput = callbacks.TranslationThroughput(log_every_n_steps=3)
+    reads = []
+    for name in ("item", "tolist", "__int__", "__float__", "__bool__", "__index__"):
+        read = getattr(torch.Tensor, name)
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda self, *args, _read=read, _name=name: reads.append(_name) or _read(self, *args)
+        )
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: reads.append("synchronize"))
+    batch = padded_batch()
+    throughput.on_train_start(trainer, module)
+    for batch_idx in range(2):
+        throughput.on_train_batch_end(trainer, module, None, batch, batch_idx)
+    assert reads == [] and logged == {}
+    throughput.on_train_batch_end(trainer, module, None, batch, 2)
+    assert reads and "synchronize" not in reads
+    assert set(logged) == {
+        f"throughput/{name}" for name in ("target_tokens_per_sec", "tokens_per_sec", "padding_efficiency", "mfu")
+    }
