@@ -22,9 +22,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
     So the padded source and the padded target tensor of a batch each hold at most `max_tokens` tokens, and at most
     `max_sentences` pairs when given. An epoch's plan: shuffle (seeded by `seed` and the epoch), sort by length,
-    pack greedily, shuffle the batches. Rank r of `world_size` takes batches r, r + world_size, ...; the plan is
-    split until every rank gets the same number, so the ranks cover each pair exactly once and none waits for a
-    batch that never comes. `shuffle=False` keeps a fixed order, for evaluation.
+    pack greedily (`pack_token_budget`), shuffle the batches. Rank r of `world_size` takes batches r, r + world_size,
+    ...; the plan is split until every rank gets the same number, so the ranks cover each pair exactly once and none
+    waits for a batch that never comes. `shuffle=False` keeps a fixed order, for evaluation.
     """
 
     def __init__(
