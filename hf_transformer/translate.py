@@ -7,6 +7,8 @@ from transformers import GenerationMixin, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
+from .token_budget import pack_token_budget
+
 # A score that never wins: what Hugging Face's beam search uses for "not a candidate".
 EXCLUDED = -1.0e9
 
@@ -35,7 +37,8 @@ def translate(
     num_beams = num_beams or model.generation_config.num_beams or 1
     ids = tokenizer(sentences, truncation=True, max_length=model.config.max_position_embeddings)["input_ids"]
     translations = [""] * len(sentences)
-    for batch in _length_sorted_batches([len(row) for row in ids], max_tokens // num_beams):
+    # Each sentence takes `num_beams` rows of the padded batch.
+    for batch in pack_token_budget([num_beams * len(row) for row in ids], max_tokens):
         inputs = tokenizer.pad({"input_ids": [ids[i] for i in batch]}, return_tensors="pt").to(model.device)
         output_ids = beam_search(
             model,
@@ -161,14 +164,3 @@ def beam_search(
             is_finished = is_finished[remaining]
         cache.self_attention_cache.reorder_cache(beam_rows)
     return best
-
-
-def _length_sorted_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Indices sorted by length, cut into batches whose padded size (rows x longest) stays within `max_tokens`."""
-    batches, current = [], []
-    for index in sorted(range(len(lengths)), key=lengths.__getitem__):
-        if current and (len(current) + 1) * lengths[index] > max_tokens:
-            batches.append(current)
-            current = []
-        current.append(index)
-    return [*batches, current]

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from hf_transformer.token_budget import pack_token_budget
+
 from .errors import DataError
 
 
@@ -20,9 +22,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
     So the padded source and the padded target tensor of a batch each hold at most `max_tokens` tokens, and at most
     `max_sentences` pairs when given. An epoch's plan: shuffle (seeded by `seed` and the epoch), sort by length,
-    pack greedily, shuffle the batches. Rank r of `world_size` takes batches r, r + world_size, ...; the plan is
-    split until every rank gets the same number, so the ranks cover each pair exactly once and none waits for a
-    batch that never comes. `shuffle=False` keeps a fixed order, for evaluation.
+    pack greedily (`pack_token_budget`), shuffle the batches. Rank r of `world_size` takes batches r, r + world_size,
+    ...; the plan is split until every rank gets the same number, so the ranks cover each pair exactly once and none
+    waits for a batch that never comes. `shuffle=False` keeps a fixed order, for evaluation.
     """
 
     def __init__(
@@ -83,7 +85,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         rng = np.random.default_rng([self.seed, epoch])
         count = len(self.source_lengths)
         order = rng.permutation(count) if self.shuffle else np.arange(count)
-        batches = self._pack(self._length_order(order))
+        cost = np.maximum(self.source_lengths, self.target_lengths).tolist()
+        batches = pack_token_budget(cost, self.max_tokens, self.max_sentences, self._length_order(order).tolist())
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return _split_until_divisible(batches, self.world_size)
@@ -96,22 +99,6 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         """
         source, target = self.source_lengths[order], self.target_lengths[order]
         return order[np.lexsort((np.where(source % 2 == 0, target, -target), source))]
-
-    def _pack(self, order: np.ndarray) -> list[list[int]]:
-        """Fill batches in `order` while n * longest <= max_tokens and n <= max_sentences."""
-        cost = np.maximum(self.source_lengths, self.target_lengths).tolist()
-        limit = self.max_sentences or len(cost)
-        batches, current, longest = [], [], 0
-        for index in order.tolist():
-            grown = max(longest, cost[index])
-            if current and ((len(current) + 1) * grown > self.max_tokens or len(current) == limit):
-                batches.append(current)
-                current, grown = [], cost[index]
-            current.append(index)
-            longest = grown
-        if current:
-            batches.append(current)
-        return batches
 
 
 def _split_until_divisible(batches: list[list[int]], world_size: int) -> list[list[int]]:

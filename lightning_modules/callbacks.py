@@ -19,8 +19,14 @@ from .errors import ConfigError
 
 
 class TranslationThroughput(pl.Callback):
-    """Logs target tokens/s, source+target tokens/s, padding efficiency (real / padded tokens) and, where the
-    device's peak FLOP/s is known, model FLOPs utilisation (the model's `training_flops` per second over the peak)."""
+    """Logs `throughput/target_tokens_per_sec`, `throughput/tokens_per_sec` (source + target), `throughput/
+    padding_efficiency` (real / padded tokens) and, where Lightning knows the device's peak FLOP/s,
+    `throughput/mfu` (the model's `training_flops` per second over that peak), every `log_every_n_steps` batches.
+
+    Not Lightning's `ThroughputMonitor`: it calls `torch.cuda.synchronize()` after every training batch, and the
+    token counts its `length_fn` returns must be host numbers (`Throughput.update` compares each to the last), a
+    second wait for the GPU per batch. Here the counts stay on the device until a step that logs.
+    """
 
     def __init__(self, log_every_n_steps: int = 10):
         super().__init__()

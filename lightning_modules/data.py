@@ -247,12 +247,8 @@ class TranslationDataModule(pl.LightningDataModule):
     # ------------------------------------------------------------------------------------------------- loaders
     def _rank_and_world_size(self) -> tuple[int, int]:
         if self.trainer is not None:
-            # Lightning would try to wrap our batch sampler in a DistributedSampler and fail with a puzzling error.
-            if self.trainer.world_size > 1 and self.trainer._accelerator_connector.use_distributed_sampler:
-                raise DataError(
-                    "the data module shards batches over the ranks itself: create the Trainer with "
-                    "use_distributed_sampler=False (the project's CLI does)"
-                )
+            # A Trainer left at use_distributed_sampler=True stops before training with Lightning's own error, which
+            # names that setting as the fix.
             return self.trainer.global_rank, self.trainer.world_size
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank(), dist.get_world_size()

@@ -20,25 +20,27 @@ from .errors import ConfigError, TrainingDiverged
 ModelSize = int | None
 
 
-def noam_lr_lambda(d_model: int, warmup_steps: int, factor: float = 1.0):
-    """lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)  (section 5.3), as a LambdaLR multiplier of a
-    base lr of 1. LambdaLR evaluates step 0 at construction, so the formula gets step + 1."""
+def inverse_sqrt_lr_lambda(peak_lr: float, warmup_steps: int) -> Callable[[int], float]:
+    """lr = peak_lr * min(step / warmup, sqrt(warmup / step)) for update step = 1, 2, ...: a linear warm-up to
+    `peak_lr` at step `warmup_steps`, then decay with the inverse square root of the step (fairseq's inverse_sqrt). A
+    LambdaLR multiplier of a base lr of 1; LambdaLR evaluates step 0 at construction, so the formula gets step + 1.
 
-    def lr_lambda(step: int) -> float:
-        step += 1
-        return factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
-
-    return lr_lambda
-
-
-def inverse_sqrt_lr_lambda(peak_lr: float, warmup_steps: int):
-    """Linear warm-up to `peak_lr`, then peak_lr * sqrt(warmup / step) (fairseq's inverse_sqrt)."""
+    Not transformers' `get_inverse_sqrt_schedule`: it is this curve one update late (it evaluates the number of updates
+    already taken, so the first update gets lr 0 and the peak comes at update warmup + 1), and it has no offset to
+    set; its base lr is the peak, so checkpoints saved with a base lr of 1 would resume at the wrong rate.
+    """
 
     def lr_lambda(step: int) -> float:
         step += 1
         return peak_lr * min(step / warmup_steps, math.sqrt(warmup_steps / step))
 
     return lr_lambda
+
+
+def noam_lr_lambda(d_model: int, warmup_steps: int, factor: float = 1.0) -> Callable[[int], float]:
+    """The paper's lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (section 5.3): the inverse square
+    root curve with its peak, factor * (d_model * warmup)^-0.5, at step `warmup_steps`."""
+    return inverse_sqrt_lr_lambda(factor * (d_model * warmup_steps) ** -0.5, warmup_steps)
 
 
 def check_training_settings(hparams: dict[str, Any]) -> None:

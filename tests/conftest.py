@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from hf_transformer import TransformerConfig
+from lightning_modules import TranslationDataModule, TranslationModule
+from lightning_modules.tokenization import train_bpe_tokenizer
 
 
 @pytest.fixture(autouse=True)
@@ -37,21 +39,32 @@ def tiny_config() -> TransformerConfig:
 
 @pytest.fixture
 def tiny_tokenizer():
-    """A BPE tokenizer with this project's special tokens (<pad> 0, <s> 1, </s> 2, <unk> 3), appending </s>."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.normalizer = normalizers.NFKC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
-    tokenizer.decoder = decoders.Metaspace()
+    """The project's BPE tokenizer (<pad> 0, <s> 1, </s> 2, <unk> 3, appending </s>) trained on a few sentences."""
     corpus = ["a dog runs on the grass", "two men play music", "ein hund rennt", "zwei männer spielen musik"]
-    trainer = trainers.BpeTrainer(vocab_size=64, special_tokens=["<pad>", "<s>", "</s>", "<unk>"])
-    tokenizer.train_from_iterator(corpus * 10, trainer)
-    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
+    return train_bpe_tokenizer([corpus] * 10, vocab_size=64, min_frequency=0)
+
+
+# A model small enough to train for a few steps in a test.
+TINY_MODEL = dict(d_model=16, encoder_layers=1, decoder_layers=1, attention_heads=2, ffn_dim=32)
+
+
+def tiny_data(tmp: Path, **overrides) -> TranslationDataModule:
+    """The synthetic task (numbers -> words) with a 60-token BPE vocabulary trained into `tmp/tokenizer`."""
+    settings = dict(dataset="synthetic", bpe_vocab_size=60, eval_max_tokens=512, tokenizer_dir=str(tmp / "tokenizer"))
+    return TranslationDataModule(**{**settings, **overrides})
+
+
+def tiny_module(data: TranslationDataModule | None = None, **overrides) -> TranslationModule:
+    """A `TINY_MODEL` training module; given `data`, with the vocabulary and special token ids of its tokenizer."""
+    vocabulary = {}
+    if data is not None:
+        vocabulary = dict(
+            vocab_size=data.vocab_size,
+            pad_token_id=data.pad_token_id,
+            bos_token_id=data.bos_token_id,
+            eos_token_id=data.eos_token_id,
+        )
+    return TranslationModule(**{**TINY_MODEL, **vocabulary, **overrides})
 
 
 def multi30k_dir() -> str:

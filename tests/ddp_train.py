@@ -12,6 +12,7 @@ import argparse
 
 import lightning.pytorch as pl
 import torch
+from conftest import tiny_module
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_modules.module import TranslationModule
@@ -25,15 +26,9 @@ MAX_SOURCE_LENGTH = 9
 TARGET_LENGTH = 6
 
 
-def tiny_module() -> TranslationModule:
+def ddp_module() -> TranslationModule:
     """Dropout 0 so that every process computes the same function; label smoothing as in the paper."""
-    return TranslationModule(
-        preset="base",
-        d_model=16,
-        encoder_layers=1,
-        decoder_layers=1,
-        attention_heads=2,
-        ffn_dim=32,
+    return tiny_module(
         dropout=0.0,
         max_position_embeddings=32,
         vocab_size=VOCAB_SIZE,
@@ -124,7 +119,7 @@ def main() -> None:
     # One thread per process: the same summation order in every run, and no oversubscribed CPU cores.
     torch.set_num_threads(1)
     pl.seed_everything(SEED, verbose=False)
-    module = tiny_module()
+    module = ddp_module()
     initial = state(module)
     distributed = args.devices * args.num_nodes > 1
     sources = RecordSources()

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from hf_transformer.token_budget import pack_token_budget
 from lightning_modules.batching import (
     ResumableDataLoader,
     TokenBudgetBatchSampler,
@@ -81,6 +82,25 @@ def test_sorted_batching_pads_far_less_than_random():
 
 def test_padding_efficiency_counts_both_sides():
     assert padding_efficiency([[0, 1]], [2, 4], [3, 3]) == pytest.approx((2 + 4 + 3 + 3) / (2 * 4 + 2 * 3))
+
+
+@pytest.mark.parametrize("max_sentences", [None, 3])
+def test_packer_keeps_every_padded_batch_within_the_budget_in_the_given_order(max_sentences):
+    """For beam search a sentence costs its length times the beams: the budget bounds the beam-expanded tensor."""
+    lengths, num_beams = random_lengths(200)[0].tolist(), 4
+    batches = pack_token_budget([num_beams * length for length in lengths], 300, max_sentences)
+    assert [i for batch in batches for i in batch] == sorted(range(len(lengths)), key=lengths.__getitem__)
+    for batch in batches:
+        assert len(batch) * num_beams * max(lengths[i] for i in batch) <= 300
+        assert max_sentences is None or len(batch) <= max_sentences
+    assert len(batches) < len(lengths) / 2  # batches are filled, not cut early
+
+    order = np.random.default_rng(0).permutation(len(lengths)).tolist()
+    assert [i for batch in pack_token_budget(lengths, 300, order=order) for i in batch] == order
+
+
+def test_packer_gives_an_item_over_the_budget_a_batch_of_its_own():
+    assert pack_token_budget([2, 50, 3, 4], 10) == [[0, 2], [3], [1]]
 
 
 def loader_over(lengths: np.ndarray, num_workers: int = 0, **sampler_args) -> ResumableDataLoader:

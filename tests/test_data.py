@@ -320,8 +320,7 @@ def fit(dm: TranslationDataModule, root: Path, ckpt_path: str | None = None, **t
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
-        use_distributed_sampler=False,
-        **{"devices": 1, "enable_checkpointing": False, **trainer_args},
+        **{"devices": 1, "enable_checkpointing": False, "use_distributed_sampler": False, **trainer_args},
     )
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
     return model
@@ -359,11 +358,22 @@ def test_rank_and_world_size_come_from_the_trainer(synthetic):
         synthetic.trainer = pl.Trainer(use_distributed_sampler=False, **ddp)
         sampler = synthetic.train_dataloader().batch_sampler
         assert (sampler.rank, sampler.world_size) == (0, 2)
-        synthetic.trainer = pl.Trainer(**ddp)
-        with pytest.raises(DataError, match="use_distributed_sampler=False"):
-            synthetic.train_dataloader()
     finally:
         synthetic.trainer = None
+
+
+@pytest.mark.slow  # two spawned processes that each import torch, Lightning and transformers
+def test_a_trainer_that_would_wrap_the_batch_sampler_fails_naming_the_fix(tmp_path):
+    """The batch sampler shards itself: Lightning, asked to inject a DistributedSampler, stops and names the setting."""
+    with pytest.raises(Exception, match=r"Trainer\(use_distributed_sampler=False\)"):
+        fit(
+            TranslationDataModule(**{**SMALL, "synthetic_train_size": 64, "synthetic_eval_size": 8}),
+            tmp_path,
+            max_steps=1,
+            devices=2,
+            strategy="ddp_spawn",
+            use_distributed_sampler=True,
+        )
 
 
 # ------------------------------------------------------------------------------------------------------- sources

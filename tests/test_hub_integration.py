@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from conftest import tiny_data, tiny_module
 from huggingface_hub import HfApi, ModelCard, hf_hub_download, metadata_load, snapshot_download
 from lightning.pytorch.callbacks import ModelCheckpoint
 from safetensors.torch import load_file
@@ -23,7 +24,6 @@ from safetensors.torch import load_file
 from hf_transformer import TransformerForConditionalGeneration, TranslationPipeline
 from lightning_modules.checkpoint import export, load_checkpoint, model_from_checkpoint, tokenizer_from_checkpoint
 from lightning_modules.cli import main
-from lightning_modules.data import TranslationDataModule
 from lightning_modules.hub import HubError, PushToHubCallback
 from lightning_modules.model_card import bleu_signature, chrf_signature, write_model_card
 from lightning_modules.module import TranslationModule
@@ -39,36 +39,18 @@ ALICE_TOKEN = "hf_fake_alice_0123456789"  # tests.hub_server's token of `alice`,
 SENTENCES = ["4821", "17", "300000"]
 # Not the paper's 4 / 0.6: the export must carry what the run used.
 RUN_DECODING = {"num_beams": 3, "length_penalty": 0.8}
-TINY_MODEL = dict(d_model=16, encoder_layers=1, decoder_layers=1, attention_heads=2, ffn_dim=32, dropout=0.0)
+# The run's data and model beside conftest's tiny ones.
+RUN_DATA = dict(synthetic_train_size=200, synthetic_eval_size=20, max_tokens=512)
+RUN_MODULE = dict(
+    **RUN_DECODING,
+    dropout=0.0,
+    max_position_embeddings=32,  # also the generation length limit: an untrained model decodes that far
+    warmup_steps=10,
+    max_length_offset=5,
+)
 
 
 # --- a tiny trained run ------------------------------------------------------------------------------------------
-
-
-def tiny_data(tmp: Path) -> TranslationDataModule:
-    return TranslationDataModule(
-        dataset="synthetic",
-        synthetic_train_size=200,
-        synthetic_eval_size=20,
-        bpe_vocab_size=60,
-        max_tokens=512,
-        eval_max_tokens=512,
-        tokenizer_dir=str(tmp / "tokenizer"),
-    )
-
-
-def tiny_module(data: TranslationDataModule) -> TranslationModule:
-    return TranslationModule(
-        **TINY_MODEL,
-        **RUN_DECODING,
-        max_position_embeddings=32,  # also the generation length limit: an untrained model decodes that far
-        vocab_size=data.vocab_size,
-        pad_token_id=data.pad_token_id,
-        bos_token_id=data.bos_token_id,
-        eos_token_id=data.eos_token_id,
-        warmup_steps=10,
-        max_length_offset=5,
-    )
 
 
 def tiny_trainer(root: Path, callbacks: list[pl.Callback], validate_every_step: bool = False) -> pl.Trainer:
@@ -94,9 +76,9 @@ def checkpoint_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A checkpoint written by the Trainer after two steps: weights, hparams of module and data, tokenizer."""
     root = tmp_path_factory.mktemp("run")
     torch.manual_seed(0)
-    data = tiny_data(root)
+    data = tiny_data(root, **RUN_DATA)
     trainer = tiny_trainer(root, callbacks=[])
-    trainer.fit(tiny_module(data), data)
+    trainer.fit(tiny_module(data, **RUN_MODULE), data)
     trainer.save_checkpoint(root / "last.ckpt", weights_only=True)
     return root / "last.ckpt"
 
@@ -443,8 +425,8 @@ def test_a_source_that_is_neither_a_checkpoint_nor_an_export_is_refused(
 
 def test_the_callback_pushes_on_each_best_and_at_train_end(hub_endpoint: FakeHub, tmp_path: Path) -> None:
     torch.manual_seed(0)
-    data = tiny_data(tmp_path)
-    module = tiny_module(data)
+    data = tiny_data(tmp_path, **RUN_DATA)
+    module = tiny_module(data, **RUN_MODULE)
     callback = PushToHubCallback(REPO, push_on_best="val/bleu")
     checkpoints = ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)
     trainer = tiny_trainer(tmp_path / "run", callbacks=[callback, checkpoints], validate_every_step=True)
@@ -471,22 +453,22 @@ def test_the_callback_refuses_to_start_training_without_a_token(
     hub_endpoint: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("HF_TOKEN")
-    data = tiny_data(tmp_path)
+    data = tiny_data(tmp_path, **RUN_DATA)
     trainer = tiny_trainer(tmp_path / "run", callbacks=[PushToHubCallback(REPO)])
 
     with pytest.raises(HubError, match="set HF_TOKEN or run `hf auth login`"):
-        trainer.fit(tiny_module(data), data)
+        trainer.fit(tiny_module(data, **RUN_MODULE), data)
     assert trainer.global_step == 0
 
 
 def test_the_callback_logs_a_failed_push_and_keeps_the_export(
     hub_endpoint: FakeHub, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    data = tiny_data(tmp_path)
+    data = tiny_data(tmp_path, **RUN_DATA)
     callback = PushToHubCallback("bob/transformer")
     trainer = tiny_trainer(tmp_path / "run", callbacks=[callback])
 
-    trainer.fit(tiny_module(data), data)
+    trainer.fit(tiny_module(data, **RUN_MODULE), data)
 
     assert callback.pushes == [] and trainer.global_step == 2
     assert "may not write to 'bob/transformer' (403)" in caplog.text

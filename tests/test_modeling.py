@@ -125,25 +125,51 @@ def test_changing_a_future_target_token_does_not_change_earlier_logits(tiny_conf
     assert not torch.allclose(after[:, 4:], before[:, 4:])
 
 
-def test_eager_and_sdpa_agree_and_attention_maps_are_returned(tiny_config):
-    model = make_model(tiny_config)
-    source, target = random_batch(tiny_config)
+def padded_inputs(config: TransformerConfig) -> dict[str, torch.Tensor]:
+    """A random batch whose first two sources end in 2 and 4 padding positions."""
+    source, target = random_batch(config)
     mask = torch.ones_like(source)
+    mask[0, -2:] = 0
     mask[1, -4:] = 0
+    return {"input_ids": source, "attention_mask": mask, "decoder_input_ids": target}
+
+
+def outputs_under_sdpa_and(implementation: str, model: TransformerForConditionalGeneration, inputs: dict, **kwargs):
+    """The model's outputs on `inputs` with sdpa attention, then with `implementation`."""
     with torch.no_grad():
-        sdpa = model(input_ids=source, attention_mask=mask, decoder_input_ids=target, output_attentions=True)
-        model.set_attn_implementation("eager")
-        eager = model(input_ids=source, attention_mask=mask, decoder_input_ids=target, output_attentions=True)
-    torch.testing.assert_close(sdpa.logits, eager.logits, atol=1e-5, rtol=0)
+        sdpa = model(**inputs, **kwargs)
+        model.set_attn_implementation(implementation)
+        return sdpa, model(**inputs, **kwargs)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "flex_attention"])
+def test_attention_implementations_agree_with_sdpa(tiny_config, implementation):
+    sdpa, other = outputs_under_sdpa_and(implementation, make_model(tiny_config), padded_inputs(tiny_config))
+    torch.testing.assert_close(other.logits, sdpa.logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="flash attention needs a CUDA GPU")
+def test_flash_attention_agrees_with_sdpa_on_gpu(tiny_config):
+    pytest.importorskip("flash_attn", reason="the flash-attn package is not installed")
+    model = make_model(tiny_config).to("cuda", torch.bfloat16)
+    source, target = (t.cuda() for t in random_batch(tiny_config))
+    sdpa, flash = outputs_under_sdpa_and("flash_attention_2", model, {"input_ids": source, "decoder_input_ids": target})
+    torch.testing.assert_close(flash.logits.float(), sdpa.logits.float(), atol=2e-2, rtol=0)
+
+
+def test_attention_maps_are_returned_by_sdpa_and_eager_alike(tiny_config):
+    inputs = padded_inputs(tiny_config)
+    sdpa, eager = outputs_under_sdpa_and("eager", make_model(tiny_config), inputs, output_attentions=True)
     for outputs in (sdpa, eager):
         assert len(outputs.encoder_attentions) == tiny_config.encoder_layers
         cross = outputs.cross_attentions[-1]
-        assert cross.shape == (3, 4, target.shape[1], source.shape[1])
+        assert cross.shape == (3, 4, inputs["decoder_input_ids"].shape[1], inputs["input_ids"].shape[1])
         torch.testing.assert_close(cross.sum(-1), torch.ones(cross.shape[:-1]))
         assert cross[1, :, :, -4:].abs().max() == 0  # padded source tokens get no attention
         decoder_self = outputs.decoder_attentions[0]
         assert torch.triu(decoder_self, diagonal=1).abs().max() == 0  # nothing attends to the future
     torch.testing.assert_close(sdpa.cross_attentions[-1], eager.cross_attentions[-1], atol=1e-6, rtol=0)
+    torch.testing.assert_close(eager.logits, sdpa.logits, atol=1e-5, rtol=0)
 
 
 def test_sinusoidal_encoding_matches_the_formula():
@@ -513,30 +539,6 @@ def test_remote_code_load_without_the_package_gives_identical_outputs(tiny_confi
             remote["logits"], model(input_ids=source, decoder_input_ids=target).logits, atol=0, rtol=0
         )
     assert torch.equal(remote["beams"], model.generate(source, max_new_tokens=5))
-
-
-def test_flex_attention_agrees_with_sdpa(tiny_config):
-    model = make_model(tiny_config)
-    source, target = random_batch(tiny_config)
-    mask = torch.ones_like(source)
-    mask[0, -2:] = 0
-    with torch.no_grad():
-        sdpa = model(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
-        model.set_attn_implementation("flex_attention")
-        flex = model(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
-    torch.testing.assert_close(flex, sdpa, atol=1e-5, rtol=0)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="flash attention needs a CUDA GPU")
-def test_flash_attention_agrees_with_sdpa_on_gpu(tiny_config):
-    pytest.importorskip("flash_attn", reason="the flash-attn package is not installed")
-    model = make_model(tiny_config).to("cuda", torch.bfloat16)
-    source, target = (t.cuda() for t in random_batch(tiny_config))
-    with torch.no_grad():
-        sdpa = model(input_ids=source, decoder_input_ids=target).logits.float()
-        model.set_attn_implementation("flash_attention_2")
-        flash = model(input_ids=source, decoder_input_ids=target).logits.float()
-    torch.testing.assert_close(flash, sdpa, atol=2e-2, rtol=0)
 
 
 def test_seq2seq_trainer_trains_with_label_smoothing(tiny_config, tiny_tokenizer, tmp_path):

@@ -1,9 +1,11 @@
 """The training step: the chunked label-smoothed loss, its compilation into one graph, and the optimizer."""
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -167,3 +169,55 @@ def test_adam_is_fused_on_gpus_and_multi_tensor_elsewhere(device):
         device == "cuda",
         device != "cuda",
     )
+
+
+@pytest.mark.parametrize("lr_schedule", ["noam", "inverse_sqrt"])
+def test_learning_rate_of_each_update_is_the_schedules_formula(lr_schedule):
+    """Update k (from 1) runs at the paper's d_model^-0.5 * min(k^-0.5, k * warmup^-1.5) times lr_factor (noam), or at
+    peak_lr * min(k / warmup, sqrt(warmup / k)) (inverse_sqrt): the peak exactly at update `warmup`."""
+    warmup, factor, peak = 10, 2.0, 3e-3
+    module = tiny_module(lr_schedule=lr_schedule, warmup_steps=warmup, lr_factor=factor, peak_lr=peak)
+    optimization = module.configure_optimizers()
+    optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
+    learning_rates = {}
+    for update in range(1, 4 * warmup + 1):
+        learning_rates[update] = optimizer.param_groups[0]["lr"]
+        optimizer.step()  # no gradients: the parameters stay, the schedule advances as in training
+        scheduler.step()
+
+    def formula(k: int) -> float:
+        if lr_schedule == "noam":
+            return factor * TINY_MODULE["d_model"] ** -0.5 * min(k**-0.5, k * warmup**-1.5)
+        return peak * min(k / warmup, math.sqrt(warmup / k))
+
+    for update in (1, 2, warmup - 1, warmup, warmup + 1, 2 * warmup, 4 * warmup):
+        assert learning_rates[update] == pytest.approx(formula(update), rel=1e-12), update
+    assert max(learning_rates, key=learning_rates.get) == warmup
+
+
+def test_throughput_reads_nothing_from_the_device_between_the_steps_that_log(monkeypatch):
+    """The counts stay on the device: no tensor is read to the host (nor the GPU synchronized) until a step logs."""
+    from lightning_modules import callbacks
+
+    monkeypatch.setattr(callbacks, "get_available_flops", lambda device, dtype: 1e12)  # so MFU is counted too
+    logged = {}
+    module = SimpleNamespace(model=tiny_module().model, device=torch.device("cpu"), log_dict=logged.update)
+    trainer = SimpleNamespace(precision="bf16-mixed")
+    throughput = callbacks.TranslationThroughput(log_every_n_steps=3)
+    reads = []
+    for name in ("item", "tolist", "__int__", "__float__", "__bool__", "__index__"):
+        read = getattr(torch.Tensor, name)
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda self, *args, _read=read, _name=name: reads.append(_name) or _read(self, *args)
+        )
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: reads.append("synchronize"))
+    batch = padded_batch()
+    throughput.on_train_start(trainer, module)
+    for batch_idx in range(2):
+        throughput.on_train_batch_end(trainer, module, None, batch, batch_idx)
+    assert reads == [] and logged == {}
+    throughput.on_train_batch_end(trainer, module, None, batch, 2)
+    assert reads and "synchronize" not in reads
+    assert set(logged) == {
+        f"throughput/{name}" for name in ("target_tokens_per_sec", "tokens_per_sec", "padding_efficiency", "mfu")
+    }

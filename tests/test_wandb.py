@@ -17,12 +17,12 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import wandb
+from conftest import tiny_data, tiny_module
 from lightning.pytorch.callbacks import LearningRateMonitor
 from wandb.proto import wandb_internal_pb2
 
 from lightning_modules.callbacks import AutoWandbLogger
-from lightning_modules.data import TranslationDataModule
-from lightning_modules.module import TranslationModule, inverse_sqrt_lr_lambda
+from lightning_modules.module import inverse_sqrt_lr_lambda
 
 # --- the run file ------------------------------------------------------------------------------------------------
 
@@ -96,40 +96,19 @@ PEAK_LR, WARMUP_STEPS = 1e-3, 2
 SAMPLES = 4
 
 
-def tiny_data(tmp_path: Path) -> TranslationDataModule:
-    """Numbers -> words: 64 training pairs in batches of at most 128 tokens (several batches), 8 validation pairs."""
-    return TranslationDataModule(
-        dataset="synthetic",
-        synthetic_train_size=64,
-        synthetic_eval_size=8,
-        bpe_vocab_size=60,
-        tokenizer_dir=str(tmp_path / "tokenizer"),
-        max_tokens=128,
-        eval_max_tokens=512,
-        max_source_positions=64,
-        max_target_positions=64,
-    )
-
-
-def tiny_module(data: TranslationDataModule) -> TranslationModule:
-    return TranslationModule(
-        d_model=16,
-        encoder_layers=1,
-        decoder_layers=1,
-        attention_heads=2,
-        ffn_dim=32,
-        max_position_embeddings=128,
-        vocab_size=data.vocab_size,
-        pad_token_id=data.pad_token_id,
-        bos_token_id=data.bos_token_id,
-        eos_token_id=data.eos_token_id,
-        lr_schedule="inverse_sqrt",
-        peak_lr=PEAK_LR,
-        warmup_steps=WARMUP_STEPS,
-        num_beams=2,
-        max_length_offset=4,  # short hypotheses: BLEU and the table only need some output
-        num_logged_samples=SAMPLES,
-    )
+# 64 training pairs in batches of at most 128 tokens (several batches), 8 validation pairs.
+RUN_DATA = dict(
+    synthetic_train_size=64, synthetic_eval_size=8, max_tokens=128, max_source_positions=64, max_target_positions=64
+)
+RUN_MODULE = dict(
+    max_position_embeddings=128,
+    lr_schedule="inverse_sqrt",
+    peak_lr=PEAK_LR,
+    warmup_steps=WARMUP_STEPS,
+    num_beams=2,
+    max_length_offset=4,  # short hypotheses: BLEU and the table only need some output
+    num_logged_samples=SAMPLES,
+)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +121,7 @@ def offline_run(tmp_path_factory) -> tuple[list[wandb_internal_pb2.Record], Path
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets-cache"))
         pl.seed_everything(0, verbose=False)
-        data = tiny_data(tmp_path)
+        data = tiny_data(tmp_path, **RUN_DATA)
         logger = AutoWandbLogger(save_dir=str(tmp_path), name="test-run")
         assert logger._offline
         trainer = pl.Trainer(
@@ -161,7 +140,7 @@ def offline_run(tmp_path_factory) -> tuple[list[wandb_internal_pb2.Record], Path
             default_root_dir=tmp_path,
         )
         try:
-            trainer.fit(tiny_module(data), datamodule=data)
+            trainer.fit(tiny_module(data, **RUN_MODULE), datamodule=data)
         finally:
             wandb.finish()  # Lightning leaves the run open
             # finish() returns once wandb-core has handled the exit record, which may still sit in its write buffer:
