@@ -1,6 +1,7 @@
 """From Lightning checkpoints to Hugging Face folders: reading the model and tokenizer that travel inside a
 checkpoint, averaging the last checkpoints (section 6.1 averages the last 5), and exporting."""
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,7 @@ def export(checkpoint: dict[str, Any], folder: str | Path, **card_info: Any) -> 
     model = model_from_checkpoint(checkpoint)
     TranslationPipeline(model=model, tokenizer=tokenizer_from_checkpoint(checkpoint)).save_pretrained(folder)
     write_model_card(folder, checkpoint, **card_info)
+    make_shareable(folder)
     return folder
 
 
@@ -100,4 +102,15 @@ def export_marian(
     folder = Path(folder)
     to_marian(model).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    make_shareable(folder)
     return folder
+
+
+def make_shareable(folder: Path) -> None:
+    """Give every file the permissions the user's umask gives new files: safetensors writes its files readable by
+    their owner only (-rw-------), which breaks a folder shared with a team or served by another user."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)

@@ -51,6 +51,31 @@ class TranslationDataModule(pl.LightningDataModule):
     Batches: `input_ids`, `attention_mask` [B, S]; `labels` [B, T] (-100 at padding); evaluation batches also
     `source_text`, `target_text` and `index` (the pair's position in its split). Train with
     `Trainer(use_distributed_sampler=False)`: the batch sampler shards.
+
+    Args:
+        dataset: "synthetic", a folder of {split}.{lang}[.gz] or {split}.{jsonl,json,tsv,csv,parquet} files, one data
+            file (a {split} placeholder selects the split), or a Hub dataset id.
+        dataset_config: the Hub dataset's configuration (e.g. "de-en" for wmt14).
+        source_lang: the language translated from (a file suffix, a column or a `translation` key).
+        target_lang: the language translated into.
+        train_split: the name of the training split.
+        validation_split: the name of the validation split.
+        test_split: the name of the test split.
+        tokenizer: an existing tokenizer (folder or Hub id) instead of training a BPE vocabulary.
+        bpe_vocab_size: the size of the joint BPE vocabulary trained on the training split (37000 in the paper).
+        bpe_min_frequency: how often a pair must occur to be merged.
+        tokenizer_dir: where the trained tokenizer is saved and reused on later runs of the same data.
+        max_tokens: the token budget of a training batch: rows x longest sequence, per device (the paper: about 25000
+            source and 25000 target tokens per step over 8 GPUs).
+        max_sentences: at most this many pairs per training batch (None: no limit).
+        eval_max_tokens: the token budget of validation and test batches.
+        max_source_positions: training pairs with a longer source are dropped, evaluation pairs cut (linked to
+            model.max_position_embeddings by the CLI).
+        max_target_positions: the same for the target side.
+        num_workers: data loader worker processes (and tokenizer processes for large splits).
+        seed: the seed of the batch shuffling and of the synthetic task.
+        synthetic_train_size: training pairs of the synthetic task.
+        synthetic_eval_size: validation and test pairs of the synthetic task.
     """
 
     def __init__(

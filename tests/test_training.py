@@ -2,6 +2,7 @@
 
 import csv
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -228,6 +229,9 @@ def test_export_then_from_pretrained_translates_like_the_checkpoint(run_dir):
         "pipeline_translation.py",
     ):
         assert (run_dir / "exported" / name).exists(), name
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (run_dir / "exported" / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask  # not -rw-------
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "exported")
     exported = AutoModelForSeq2SeqLM.from_pretrained(run_dir / "exported").eval()
     original = model_from_checkpoint(checkpoint)
