@@ -18,6 +18,34 @@ from lightning.pytorch.loggers import WandbLogger
 from .errors import ConfigError
 
 
+class ExactResume(pl.Callback):
+    """Saves the random number generators' state with each checkpoint and restores it at the first batch after a
+    resume, so that dropout masks continue where they were and a resumed run trains exactly like one that never
+    stopped. Restored at the first batch rather than on load: re-creating the data iterator draws from the global RNG
+    in between."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._pending = state_dict
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._pending is not None:
+            torch.set_rng_state(self._pending["torch"])
+            if "cuda" in self._pending and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(self._pending["cuda"])
+            self._pending = None
+
+
 class TranslationThroughput(pl.Callback):
     """Logs `throughput/target_tokens_per_sec`, `throughput/tokens_per_sec` (source + target), `throughput/
     padding_efficiency` (real / padded tokens) and, where Lightning knows the device's peak FLOP/s,

@@ -14,6 +14,7 @@ from hf_transformer import TransformerConfig, TransformerForConditionalGeneratio
 from hf_transformer.loss import translation_loss
 from hf_transformer.translate import beam_search
 
+from .callbacks import ExactResume
 from .checkpoint import tokenizer_from_checkpoint, tokenizer_state
 from .errors import ConfigError, TrainingDiverged
 
@@ -156,6 +157,9 @@ class TranslationModule(pl.LightningModule):
 
     # --- training ----------------------------------------------------------------------------------------------
 
+    def configure_callbacks(self) -> list[pl.Callback]:
+        return [ExactResume()]  # part of training correctly, so not left to the configs' callback lists
+
     def configure_model(self) -> None:
         if self.hparams.compile:
             self.compile_training_loss()
@@ -185,14 +189,6 @@ class TranslationModule(pl.LightningModule):
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/target_tokens", target_tokens.float(), reduce_fx="sum")
         return loss
-
-    def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
-        states = getattr(self, "_rng_states_to_restore", None)
-        if states:
-            torch.set_rng_state(states["torch_rng_state"])
-            if "cuda_rng_states" in states and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(states["cuda_rng_states"])
-            self._rng_states_to_restore = None
 
     def configure_optimizers(self):
         hparams = self.hparams
@@ -299,15 +295,6 @@ class TranslationModule(pl.LightningModule):
         if datamodule is not None:
             checkpoint["tokenizer"] = tokenizer_state(datamodule.tokenizer)
 
-        # Dropout masks continue where they were, so a resumed run trains exactly like one that never stopped.
-        checkpoint["torch_rng_state"] = torch.get_rng_state()
-        if torch.cuda.is_available():
-            checkpoint["cuda_rng_states"] = torch.cuda.get_rng_state_all()
-
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Restored at the first batch, not here: re-creating the data iterator draws from the global RNG in between.
-        self._rng_states_to_restore = {
-            k: checkpoint[k] for k in ("torch_rng_state", "cuda_rng_states") if k in checkpoint
-        }
         if "tokenizer" in checkpoint:
             self._checkpoint_tokenizer = tokenizer_from_checkpoint(checkpoint)
