@@ -42,9 +42,10 @@ class TranslationDataModule(pl.LightningDataModule):
     `{split}.{lang}[.gz]` text files (Multi30k) or of `{split}.{jsonl,json,tsv,csv,parquet}` files, one such file (a
     `{split}` placeholder in the path selects the split), or a Hub dataset id with `dataset_config`.
 
-    The tokenizer is ready after `__init__` (LightningCLI links `vocab_size` and the special ids into the model
-    config): `tokenizer` loads an existing one; otherwise a joint BPE vocabulary is trained on the training split,
-    or loaded from `tokenizer_dir` if that already holds one, and saved there (or in the trainer's log dir).
+    The tokenizer is ready after `__init__` (LightningCLI links it into the training module, whose model takes its
+    vocabulary and special ids from it): `tokenizer` loads an existing one; otherwise a joint BPE vocabulary is
+    trained on the training split, or loaded from `tokenizer_dir` if that already holds one, and saved there (or in
+    the trainer's log dir).
 
     Training pairs with an empty side or longer than `max_source_positions`/`max_target_positions` tokens are
     dropped; evaluation pairs are all kept, longer ones cut to the limits. `filter_stats` counts both per split.
@@ -118,13 +119,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self.tokenizer: PreTrainedTokenizerFast = self._load_or_train_tokenizer()
         # Where the tokenizer can be loaded from (None until a trained one is saved with the run).
         self.tokenizer_location: str | None = tokenizer or tokenizer_dir
-        self.vocab_size = len(self.tokenizer)
-        self.pad_token_id: int = self.tokenizer.pad_token_id
-        self.eos_token_id: int = self.tokenizer.eos_token_id
-        # Tokenizers without a bos token (T5, Marian) start decoding from the pad token.
-        bos_token_id = self.tokenizer.bos_token_id
-        self.bos_token_id: int = self.pad_token_id if bos_token_id is None else bos_token_id
-        self._collator = TranslationCollator(self.pad_token_id, max_source_positions, max_target_positions)
+        self._collator = TranslationCollator(self.tokenizer.pad_token_id, max_source_positions, max_target_positions)
 
     # ----------------------------------------------------------------------------------------------- tokenizer
     def _load_or_train_tokenizer(self) -> PreTrainedTokenizerFast:

@@ -294,8 +294,8 @@ def _training(run: _RunFacts, compute: str | None, wandb_url: str | None) -> str
 
 def _schedule(hp: dict[str, Any]) -> str:
     warmup = hp.get("warmup_steps")
-    if hp.get("lr_schedule", "noam") == "noam":
-        return f"noam (section 5.3): factor {hp.get('lr_factor')} x d_model^-0.5, {warmup} warm-up steps"
+    if hp.get("peak_lr") is None:
+        return f"the paper's (section 5.3): d_model^-0.5 x min(step^-0.5, step x warmup^-1.5), {warmup} warm-up steps"
     return f"inverse square root: peak {hp.get('peak_lr')} after {warmup} linear warm-up steps"
 
 

@@ -1,6 +1,8 @@
 """The training logic: teacher forcing with label smoothing, Adam with the paper's warm-up schedule, and evaluation by
 loss, perplexity and BLEU/chrF of beam-search translations."""
 
+import dataclasses
+import difflib
 import math
 from collections.abc import Callable
 from typing import Any, Literal
@@ -9,6 +11,7 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 from torchmetrics.text import CHRFScore, SacreBLEUScore
+from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
 from hf_transformer.loss import translation_loss
@@ -17,8 +20,10 @@ from hf_transformer.translate import beam_search
 from .callbacks import ExactResume
 from .checkpoint import tokenizer_from_checkpoint, tokenizer_state
 from .errors import ConfigError, TrainingDiverged
+from .tokenization import model_vocabulary
 
-ModelSize = int | None
+# Validation rows kept for the logger's sample table and the end-of-run summary.
+NUM_LOGGED_SAMPLES = 8
 
 
 def inverse_sqrt_lr_lambda(peak_lr: float, warmup_steps: int) -> Callable[[int], float]:
@@ -44,19 +49,32 @@ def noam_lr_lambda(d_model: int, warmup_steps: int, factor: float = 1.0) -> Call
     return inverse_sqrt_lr_lambda(factor * (d_model * warmup_steps) ** -0.5, warmup_steps)
 
 
+def model_config(preset: str, overrides: dict[str, Any] | None, vocabulary: dict[str, int]) -> TransformerConfig:
+    """The `preset` with `overrides` (model.config) and the tokenizer's `vocabulary`; a mistake names the field."""
+    overrides = dict(overrides or {})
+    # attn_implementation is an argument of every config (eager, sdpa, flex_attention...) rather than a field.
+    fields = [field.name for field in dataclasses.fields(TransformerConfig)] + ["attn_implementation"]
+    for name in overrides:
+        if name not in fields:
+            closest = difflib.get_close_matches(name, fields, n=1)
+            hint = f" (did you mean {closest[0]!r}?)" if closest else ""
+            raise ConfigError(f"model.config: {name!r} is not a TransformerConfig field{hint}")
+    try:
+        return TransformerConfig.from_preset(preset, **{**overrides, **vocabulary})
+    except ValueError as err:
+        raise ConfigError(f"model.config: {err}") from err
+
+
 def check_training_settings(hparams: dict[str, Any]) -> None:
     """Refuse settings that would fail only later (a division by zero in the schedule, a loss error after the
     sanity check), naming the setting."""
     rules = {
         "label_smoothing": (lambda value: 0 <= value < 1, "must be in [0, 1) (the paper uses 0.1)"),
         "warmup_steps": (lambda value: value >= 1, "must be at least 1 (the paper warms up for 4000 steps)"),
-        "lr_factor": (lambda value: value > 0, "must be positive"),
-        "peak_lr": (lambda value: value > 0, "must be positive"),
+        "peak_lr": (lambda value: value is None or value > 0, "must be positive, or null for the paper's schedule"),
         "eps": (lambda value: value > 0, "must be positive (the paper uses 1e-9)"),
         "betas": (lambda value: all(0 <= beta < 1 for beta in value), "must both be in [0, 1) (the paper: 0.9, 0.98)"),
         "weight_decay": (lambda value: value >= 0, "must be at least 0"),
-        "num_beams": (lambda value: value >= 1, "must be at least 1 (the paper uses 4)"),
-        "max_length_offset": (lambda value: value >= 0, "must be at least 0 (the paper uses 50)"),
     }
     for name, (is_valid, rule) in rules.items():
         if not is_valid(hparams[name]):
@@ -66,87 +84,65 @@ def check_training_settings(hparams: dict[str, Any]) -> None:
 class TranslationModule(pl.LightningModule):
     """Trains a `TransformerForConditionalGeneration` on batches from `TranslationDataModule`.
 
-    Every argument is a plain value, so checkpoints reload with `torch.load(weights_only=True)`. The model sizes start
-    from `preset` ("base" or "big", Table 3); each size argument left at None keeps the preset's value. `vocab_size`
-    and the special token ids are linked from the data module's tokenizer by the CLI.
+    The model is one value: the paper's `preset` with `config` overrides (any `TransformerConfig` field), or a saved
+    model (`init_from`); its vocabulary and special token ids come from `tokenizer`, which the CLI links from the data
+    module. The other arguments are training settings. Hyperparameters are plain values (the tokenizer travels in the
+    checkpoint as text), so checkpoints reload with `torch.load(weights_only=True)`.
 
-    `compile=True` runs the training loss (forward, loss and the loss's gradients) as one `torch.compile` graph with
-    dynamic shapes, so that token-budget batches of every shape share it: worth it on GPUs, where an eager step waits
-    for Python; on a CPU the compilation takes longer than a short run saves.
+    Args:
+        tokenizer: the tokenizer of the data (linked from the data module by the CLI).
+        preset: the paper's model that `config` starts from: "base" or "big" (Table 3).
+        config: TransformerConfig fields that replace the preset's, e.g. {d_model: 128, encoder_layers: 3,
+            max_position_embeddings: 128}; a later config file that sets it replaces it whole, --model.config.KEY
+            overrides one field.
+        init_from: a saved model (folder or Hub id) to train further instead of a new one.
+        label_smoothing: epsilon_ls (section 5.4).
+        peak_lr: the learning rate at the end of the warm-up, then decaying with the inverse square root of the step;
+            None is the paper's schedule (eq. 3), whose peak is (d_model * warmup_steps)^-0.5.
+        warmup_steps: steps of linear warm-up (4000 in the paper).
+        betas: Adam's beta1 and beta2 (0.9 and 0.98 in the paper).
+        eps: Adam's epsilon (1e-9 in the paper).
+        weight_decay: AdamW's decoupled weight decay (none in the paper).
+        generation: GenerationConfig fields for validation and the saved model, over the paper's beam 4 and length
+            penalty 0.6, e.g. {num_beams: 2}.
+        compile: run the training loss (forward, loss and the loss's gradients) as one `torch.compile` graph with
+            dynamic shapes, shared by token-budget batches of every shape: worth it on GPUs, where an eager step
+            waits for Python; on a CPU the compilation takes longer than a short run saves.
     """
 
     def __init__(
         self,
+        tokenizer: PreTrainedTokenizerFast | None = None,
         preset: Literal["base", "big"] = "base",
-        d_model: ModelSize = None,
-        encoder_layers: ModelSize = None,
-        decoder_layers: ModelSize = None,
-        attention_heads: ModelSize = None,
-        ffn_dim: ModelSize = None,
-        dropout: float | None = None,
-        attention_dropout: float = 0.0,
-        activation_dropout: float = 0.0,
-        normalize_before: bool = False,
-        max_position_embeddings: int = 1024,
-        vocab_size: int = 37000,
-        pad_token_id: int = 0,
-        bos_token_id: int = 1,
-        eos_token_id: int = 2,
+        config: dict[str, Any] | None = None,
+        init_from: str | None = None,
         label_smoothing: float = 0.1,
-        lr_schedule: Literal["noam", "inverse_sqrt"] = "noam",
-        lr_factor: float = 1.0,
-        peak_lr: float = 5e-4,
+        peak_lr: float | None = None,
         warmup_steps: int = 4000,
         betas: tuple[float, float] = (0.9, 0.98),
         eps: float = 1e-9,
         weight_decay: float = 0.0,
-        num_beams: int = 4,
-        length_penalty: float = 0.6,
-        max_length_offset: int = 50,
-        num_logged_samples: int = 8,
-        init_from: str | None = None,
+        generation: dict[str, Any] | None = None,
         compile: bool = False,
     ):
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["tokenizer"])
         check_training_settings(self.hparams)
-        sizes = {
-            "d_model": d_model,
-            "encoder_layers": encoder_layers,
-            "decoder_layers": decoder_layers,
-            "encoder_attention_heads": attention_heads,
-            "decoder_attention_heads": attention_heads,
-            "encoder_ffn_dim": ffn_dim,
-            "decoder_ffn_dim": ffn_dim,
-            "dropout": dropout,
-        }
-        try:
-            config = TransformerConfig.from_preset(
-                preset,
-                **{name: value for name, value in sizes.items() if value is not None},
-                attention_dropout=attention_dropout,
-                activation_dropout=activation_dropout,
-                normalize_before=normalize_before,
-                max_position_embeddings=max_position_embeddings,
-                vocab_size=vocab_size,
-                pad_token_id=pad_token_id,
-                bos_token_id=bos_token_id,
-                eos_token_id=eos_token_id,
-                decoder_start_token_id=bos_token_id,
-            )
-        except ValueError as err:
-            raise ConfigError(f"model settings: {err}") from err
+        self.tokenizer = tokenizer
+        vocabulary = model_vocabulary(tokenizer) if tokenizer is not None else {}
         if init_from is not None:
             self.model = TransformerForConditionalGeneration.from_pretrained(init_from)
-            if self.model.config.vocab_size != vocab_size:
+            if vocabulary and self.model.config.vocab_size != vocabulary["vocab_size"]:
                 raise ConfigError(
-                    f"init_from={init_from!r} has a vocabulary of {self.model.config.vocab_size} tokens but the data "
-                    f"module's tokenizer has {vocab_size}: set data.tokenizer to the model's tokenizer ({init_from})."
+                    f"model.init_from={init_from!r} has a vocabulary of {self.model.config.vocab_size} tokens but the "
+                    f"data module's tokenizer has {vocabulary['vocab_size']}: set data.tokenizer to the model's "
+                    f"tokenizer ({init_from})."
                 )
         else:
-            self.model = TransformerForConditionalGeneration(config)
-        self.model.generation_config.num_beams = num_beams
-        self.model.generation_config.length_penalty = length_penalty
+            self.model = TransformerForConditionalGeneration(model_config(preset, config, vocabulary))
+        unknown = self.model.generation_config.update(**(generation or {}))
+        if unknown:
+            raise ConfigError(f"model.generation: {sorted(unknown)} are not GenerationConfig fields")
         self.label_smoothing = label_smoothing
         # Module dicts, so Lightning moves the metrics to the device with the model.
         self.bleu = nn.ModuleDict({stage: SacreBLEUScore(tokenize="13a") for stage in ("val", "test")})
@@ -182,8 +178,8 @@ class TranslationModule(pl.LightningModule):
         if not torch.isfinite(loss):
             raise TrainingDiverged(
                 f"Training loss is {loss.item()} at step {self.global_step}. The weights were not updated with it; "
-                "resume from the last checkpoint (--ckpt_path last) with a lower learning rate (model.lr_factor or "
-                "model.peak_lr), more warm-up (model.warmup_steps), gradient clipping (trainer.gradient_clip_val) or "
+                "resume from the last checkpoint (--ckpt_path last) with a lower learning rate (model.peak_lr), "
+                "more warm-up (model.warmup_steps), gradient clipping (trainer.gradient_clip_val) or "
                 "bf16-mixed instead of 16-mixed precision."
             )
         self.log("train/loss", loss, prog_bar=True)
@@ -192,8 +188,8 @@ class TranslationModule(pl.LightningModule):
 
     def configure_optimizers(self):
         hparams = self.hparams
-        if hparams.lr_schedule == "noam":
-            lr_lambda = noam_lr_lambda(self.model.config.d_model, hparams.warmup_steps, hparams.lr_factor)
+        if hparams.peak_lr is None:
+            lr_lambda = noam_lr_lambda(self.model.config.d_model, hparams.warmup_steps)
         else:
             lr_lambda = inverse_sqrt_lr_lambda(hparams.peak_lr, hparams.warmup_steps)
         # One fused kernel for all parameters on GPUs (Adam was 13% of an eager step's GPU time), one multi-tensor
@@ -230,29 +226,18 @@ class TranslationModule(pl.LightningModule):
         references = [[reference] for reference in batch["target_text"]]
         self.bleu[stage].update(hypotheses, references)
         self.chrf[stage].update(hypotheses, references)
-        if stage == "val" and len(self._samples) < self.hparams.num_logged_samples:
+        if stage == "val" and len(self._samples) < NUM_LOGGED_SAMPLES:
             rows = zip(batch["source_text"], batch["target_text"], hypotheses, strict=True)
             self._samples.extend([source, reference, hypothesis] for source, reference, hypothesis in rows)
-            del self._samples[self.hparams.num_logged_samples :]  # a batch may hold more rows than are missing
+            del self._samples[NUM_LOGGED_SAMPLES:]  # a batch may hold more rows than are missing
         if stage == "test":
             self._hypotheses.extend(zip(batch["index"].tolist(), hypotheses, strict=True))
 
     def translate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[str]:
         """Beam search as the model's generation config says (the paper's beam 4, length penalty 0.6), each output
         at most its input's length + `max_length_offset` tokens (50 in section 6.1)."""
-        output_ids = beam_search(
-            self.model, input_ids, attention_mask, max_length_offset=self.hparams.max_length_offset
-        )
+        output_ids = beam_search(self.model, input_ids, attention_mask)
         return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)
-
-    @property
-    def tokenizer(self):
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if datamodule is not None:
-            return datamodule.tokenizer
-        if getattr(self, "_checkpoint_tokenizer", None) is None:
-            raise RuntimeError("No tokenizer: run with a TranslationDataModule or load this module from a checkpoint.")
-        return self._checkpoint_tokenizer
 
     def on_validation_epoch_end(self) -> None:
         self._log_scores("val")
@@ -291,10 +276,9 @@ class TranslationModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["hf_config"] = self.model.config.to_dict()
         checkpoint["generation_config"] = self.model.generation_config.to_dict()
-        datamodule = getattr(self.trainer, "datamodule", None)
-        if datamodule is not None:
-            checkpoint["tokenizer"] = tokenizer_state(datamodule.tokenizer)
+        if self.tokenizer is not None:
+            checkpoint["tokenizer"] = tokenizer_state(self.tokenizer)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if "tokenizer" in checkpoint:
-            self._checkpoint_tokenizer = tokenizer_from_checkpoint(checkpoint)
+        if self.tokenizer is None and "tokenizer" in checkpoint:
+            self.tokenizer = tokenizer_from_checkpoint(checkpoint)

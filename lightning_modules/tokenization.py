@@ -59,6 +59,19 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
+def model_vocabulary(tokenizer: PreTrainedTokenizerFast) -> dict[str, int]:
+    """The model config fields that a model trained with `tokenizer` takes from it. Tokenizers without a bos token
+    (T5, Marian) start decoding from the pad token."""
+    start = tokenizer.pad_token_id if tokenizer.bos_token_id is None else tokenizer.bos_token_id
+    return {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": start,
+        "eos_token_id": tokenizer.eos_token_id,
+        "decoder_start_token_id": start,
+    }
+
+
 def save_tokenizer(
     tokenizer: PreTrainedTokenizerFast, directory: str | Path, trained_on: dict[str, Any] | None = None
 ) -> None:

@@ -1,5 +1,6 @@
 """LightningCLI with the project's links and one-line reports of mistakes in options and config files."""
 
+import dataclasses
 import difflib
 import json
 import logging
@@ -11,9 +12,11 @@ from typing import Any, NoReturn
 import datasets
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from hf_transformer import TransformerConfig
+
 from .data import TranslationDataModule
 from .errors import ConfigError
-from .module import TranslationModule, check_training_settings
+from .module import TranslationModule, check_training_settings, model_config
 
 
 def _is_not_an_advertisement(record: logging.LogRecord) -> bool:
@@ -42,12 +45,23 @@ class TranslationArgumentParser(LightningArgumentParser):
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         valid_keys = list(parser.get_defaults().keys())
+        # model.config is one dict-valued option: offer its fields too (--model.d_model -> --model.config.d_model).
+        valid_keys += [f"model.config.{field.name}" for field in dataclasses.fields(TransformerConfig)]
         hints = []
         for key in re.findall(r"(?:--|')([A-Za-z_][\w.]*)", message):
             if key not in valid_keys:
                 hints += [f"--{match}" for match in difflib.get_close_matches(key, valid_keys, n=1, cutoff=0.6)]
         hint = f" (did you mean {', '.join(dict.fromkeys(hints))}?)" if hints else ""
         raise ConfigError(f"{message}{hint}. `{parser.prog.replace(' [options]', '')} --help` lists the options.")
+
+
+def model_positions(preset: str, config: dict[str, Any] | None, init_from: str | None) -> int:
+    """The number of positions of the model that `TranslationModule` builds from these settings."""
+    if init_from is not None:
+        return TransformerConfig.from_pretrained(init_from).max_position_embeddings
+    if config and "max_position_embeddings" in config:
+        return config["max_position_embeddings"]
+    return TransformerConfig.from_preset(preset).max_position_embeddings
 
 
 class TranslationCLI(LightningCLI):
@@ -58,24 +72,28 @@ class TranslationCLI(LightningCLI):
             TranslationDataModule,
             args=args,
             parser_class=TranslationArgumentParser,
+            parser_kwargs={"prog": "hf-transformer"},
             trainer_defaults={"use_distributed_sampler": False},  # the data module shards its token-budget batches
             save_config_kwargs={"overwrite": True},
             **kwargs,
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # The tokenizer decides the vocabulary and special ids: the model takes them from the data module.
-        for name in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id"):
-            parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
+        # The tokenizer decides the vocabulary and special ids: the model takes them from the data module's.
+        parser.link_arguments("data.tokenizer", "model.tokenizer", apply_on="instantiate")
         # The model decides how long a sequence may be: the data keeps and cuts pairs to its positions.
         for side in ("source", "target"):
-            parser.link_arguments("model.max_position_embeddings", f"data.max_{side}_positions")
+            parser.link_arguments(
+                ("model.preset", "model.config", "model.init_from"), f"data.max_{side}_positions", model_positions
+            )
 
     def before_instantiate_classes(self) -> None:
         # The data module is built first (the model takes the vocabulary from it) and trains a tokenizer: check the
         # training settings before that work.
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        check_training_settings(config.model)
+        model = (self.config[self.subcommand] if self.subcommand else self.config).model
+        check_training_settings(model)
+        if model.init_from is None:
+            model_config(model.preset, model.config, vocabulary={})
 
     def after_test(self) -> None:
         """Write the test hypotheses, one per line in test-set order, next to the scores."""

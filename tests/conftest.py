@@ -45,7 +45,15 @@ def tiny_tokenizer():
 
 
 # A model small enough to train for a few steps in a test.
-TINY_MODEL = dict(d_model=16, encoder_layers=1, decoder_layers=1, attention_heads=2, ffn_dim=32)
+TINY_MODEL = dict(
+    d_model=16,
+    encoder_layers=1,
+    decoder_layers=1,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=32,
+    decoder_ffn_dim=32,
+)
 
 
 def tiny_data(tmp: Path, **overrides) -> TranslationDataModule:
@@ -54,17 +62,12 @@ def tiny_data(tmp: Path, **overrides) -> TranslationDataModule:
     return TranslationDataModule(**{**settings, **overrides})
 
 
-def tiny_module(data: TranslationDataModule | None = None, **overrides) -> TranslationModule:
-    """A `TINY_MODEL` training module; given `data`, with the vocabulary and special token ids of its tokenizer."""
-    vocabulary = {}
-    if data is not None:
-        vocabulary = dict(
-            vocab_size=data.vocab_size,
-            pad_token_id=data.pad_token_id,
-            bos_token_id=data.bos_token_id,
-            eos_token_id=data.eos_token_id,
-        )
-    return TranslationModule(**{**TINY_MODEL, **vocabulary, **overrides})
+def tiny_module(
+    data: TranslationDataModule | None = None, config: dict | None = None, **overrides
+) -> TranslationModule:
+    """A `TINY_MODEL` training module (`config`: more TransformerConfig fields); given `data`, with its tokenizer."""
+    tokenizer = data.tokenizer if data is not None else None
+    return TranslationModule(tokenizer=tokenizer, config={**TINY_MODEL, **(config or {})}, **overrides)
 
 
 def multi30k_dir() -> str:
@@ -97,12 +100,17 @@ trainer:
   num_sanity_val_steps: 0
   limit_val_batches: 1
 model:
-  d_model: 32
-  encoder_layers: 1
-  decoder_layers: 1
-  attention_heads: 2
-  ffn_dim: 64
-  num_beams: 2
+  config:
+    d_model: 32
+    encoder_layers: 1
+    decoder_layers: 1
+    encoder_attention_heads: 2
+    decoder_attention_heads: 2
+    encoder_ffn_dim: 64
+    decoder_ffn_dim: 64
+    max_position_embeddings: 128
+  generation:
+    num_beams: 2
 data:
   bpe_vocab_size: 120
   synthetic_train_size: 400

@@ -42,11 +42,10 @@ RUN_DECODING = {"num_beams": 3, "length_penalty": 0.8}
 # The run's data and model beside conftest's tiny ones.
 RUN_DATA = dict(synthetic_train_size=200, synthetic_eval_size=20, max_tokens=512)
 RUN_MODULE = dict(
-    **RUN_DECODING,
-    dropout=0.0,
-    max_position_embeddings=32,  # also the generation length limit: an untrained model decodes that far
+    generation=RUN_DECODING,
+    # max_position_embeddings is also the generation length limit: an untrained model decodes that far.
+    config=dict(dropout=0.0, max_position_embeddings=32),
     warmup_steps=10,
-    max_length_offset=5,
 )
 
 
@@ -292,7 +291,7 @@ def test_with_the_package_installed_no_remote_code_is_needed_and_training_can_st
     loaded = AutoModelForSeq2SeqLM.from_pretrained(REPO)
     translator = pipeline("translation", model=REPO, pipeline_class=TranslationPipeline)
     tokenizer = load_tokenizer(REPO)  # what `--data.tokenizer user/repo` does
-    module = TranslationModule(init_from=REPO, vocab_size=len(tokenizer))
+    module = TranslationModule(tokenizer=tokenizer, init_from=REPO)
 
     assert type(loaded) is TransformerForConditionalGeneration
     assert type(module.model) is TransformerForConditionalGeneration

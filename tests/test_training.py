@@ -124,7 +124,7 @@ def test_non_finite_loss_stops_with_a_clear_message_and_keeps_good_weights(run_d
 
 
 def test_config_errors_are_reported_before_any_work(run_dir):
-    for bad in ("--model.d_modle=64", "--model.dropout=high", "--trainer.max_stepz=3"):
+    for bad in ("--model.d_modle=64", "--model.label_smoothing=high", "--trainer.max_stepz=3"):
         started = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "lightning_modules.cli", "fit", "--config", str(DEMO), bad],
@@ -143,7 +143,12 @@ def test_config_errors_are_reported_before_any_work(run_dir):
 @pytest.mark.parametrize(
     ("bad", "expected"),
     [
-        ("--model.d_modle=64", "did you mean --model.d_model?"),
+        (
+            "--model.config.d_modle=64",
+            "model.config: 'd_modle' is not a TransformerConfig field (did you mean 'd_model'?)",
+        ),
+        ("--model.d_model=64", "did you mean --model.config.d_model?"),
+        ("--model.config.encoder_attention_heads=3", "model.config: TransformerConfig"),
         ("--trainer.max_step=3", "did you mean --trainer.max_steps?"),  # an abbreviation is refused, not expanded
         ("--model.warmup_steps=0", "model.warmup_steps=0 must be at least 1"),
         ("--model.label_smoothing=1.5", "model.label_smoothing=1.5 must be in [0, 1)"),
@@ -164,7 +169,7 @@ def test_the_data_keeps_and_cuts_pairs_to_the_model_positions(run_dir):
     from lightning_modules.training_cli import TranslationCLI
 
     cli = TranslationCLI(
-        args=["--config", str(DEMO), "--config", "tiny.yaml", "--model.max_position_embeddings=9"], run=False
+        args=["--config", str(DEMO), "--config", "tiny.yaml", "--model.config.max_position_embeddings=9"], run=False
     )
     assert cli.model.model.config.max_position_embeddings == 9
     assert cli.datamodule.hparams.max_source_positions == cli.datamodule.hparams.max_target_positions == 9

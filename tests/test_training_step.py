@@ -15,11 +15,21 @@ from hf_transformer import loss
 from hf_transformer.loss import linear_cross_entropy, translation_loss
 from lightning_modules import TranslationDataModule, TranslationModule
 
-TINY_MODULE = dict(d_model=32, encoder_layers=2, decoder_layers=2, attention_heads=4, ffn_dim=64, dropout=0.1)
+TINY_CONFIG = dict(
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    dropout=0.1,
+    max_position_embeddings=64,
+)
 
 
 def tiny_module(vocab_size: int = 64, **overrides) -> TranslationModule:
-    return TranslationModule(**{**TINY_MODULE, **overrides}, vocab_size=vocab_size, max_position_embeddings=64)
+    return TranslationModule(config={**TINY_CONFIG, "vocab_size": vocab_size}, **overrides)
 
 
 def padded_batch(vocab_size: int = 64) -> dict[str, torch.Tensor]:
@@ -171,12 +181,12 @@ def test_adam_is_fused_on_gpus_and_multi_tensor_elsewhere(device):
     )
 
 
-@pytest.mark.parametrize("lr_schedule", ["noam", "inverse_sqrt"])
-def test_learning_rate_of_each_update_is_the_schedules_formula(lr_schedule):
-    """Update k (from 1) runs at the paper's d_model^-0.5 * min(k^-0.5, k * warmup^-1.5) times lr_factor (noam), or at
-    peak_lr * min(k / warmup, sqrt(warmup / k)) (inverse_sqrt): the peak exactly at update `warmup`."""
-    warmup, factor, peak = 10, 2.0, 3e-3
-    module = tiny_module(lr_schedule=lr_schedule, warmup_steps=warmup, lr_factor=factor, peak_lr=peak)
+@pytest.mark.parametrize("peak", [None, 3e-3])
+def test_learning_rate_of_each_update_is_the_schedules_formula(peak):
+    """Update k (from 1) runs at the paper's d_model^-0.5 * min(k^-0.5, k * warmup^-1.5) (peak_lr None), or at
+    peak_lr * min(k / warmup, sqrt(warmup / k)): the peak exactly at update `warmup`."""
+    warmup = 10
+    module = tiny_module(warmup_steps=warmup, peak_lr=peak)
     optimization = module.configure_optimizers()
     optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
     learning_rates = {}
@@ -186,8 +196,8 @@ def test_learning_rate_of_each_update_is_the_schedules_formula(lr_schedule):
         scheduler.step()
 
     def formula(k: int) -> float:
-        if lr_schedule == "noam":
-            return factor * TINY_MODULE["d_model"] ** -0.5 * min(k**-0.5, k * warmup**-1.5)
+        if peak is None:
+            return TINY_CONFIG["d_model"] ** -0.5 * min(k**-0.5, k * warmup**-1.5)
         return peak * min(k / warmup, math.sqrt(warmup / k))
 
     for update in (1, 2, warmup - 1, warmup, warmup + 1, 2 * warmup, 4 * warmup):

@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from wandb.proto import wandb_internal_pb2
 
 from lightning_modules.callbacks import AutoWandbLogger
-from lightning_modules.module import inverse_sqrt_lr_lambda
+from lightning_modules.module import NUM_LOGGED_SAMPLES, inverse_sqrt_lr_lambda
 
 # --- the run file ------------------------------------------------------------------------------------------------
 
@@ -93,7 +93,7 @@ def values_of(history: list[dict[str, Any]], key: str) -> list[Any]:
 
 TRAIN_STEPS = 4
 PEAK_LR, WARMUP_STEPS = 1e-3, 2
-SAMPLES = 4
+SAMPLES = NUM_LOGGED_SAMPLES
 
 
 # 64 training pairs in batches of at most 128 tokens (several batches), 8 validation pairs.
@@ -101,13 +101,10 @@ RUN_DATA = dict(
     synthetic_train_size=64, synthetic_eval_size=8, max_tokens=128, max_source_positions=64, max_target_positions=64
 )
 RUN_MODULE = dict(
-    max_position_embeddings=128,
-    lr_schedule="inverse_sqrt",
+    config=dict(max_position_embeddings=128),
     peak_lr=PEAK_LR,
     warmup_steps=WARMUP_STEPS,
-    num_beams=2,
-    max_length_offset=4,  # short hypotheses: BLEU and the table only need some output
-    num_logged_samples=SAMPLES,
+    generation=dict(num_beams=2),
 )
 
 
@@ -157,9 +154,9 @@ def test_offline_run_file_holds_hyperparameters_and_metrics(offline_run):
     and the learning rate of the schedule at every step, then validation BLEU and loss."""
     records, _ = offline_run
     config = config_of(records)
-    assert config["d_model"] == 16
+    assert config["config"]["d_model"] == 16  # the model settings over the preset, one value
     assert config["label_smoothing"] == 0.1
-    assert config["lr_schedule"] == "inverse_sqrt"
+    assert config["peak_lr"] == PEAK_LR
     assert config["warmup_steps"] == WARMUP_STEPS
     assert config["dataset"] == "synthetic"  # the data module's hyperparameters are merged in
     assert config["bpe_vocab_size"] == 60
