@@ -97,7 +97,13 @@ def test_bf16_mixed_trains_on_cpu(run_dir):
     assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values() if t.is_floating_point())
 
 
-def test_non_finite_loss_stops_with_a_clear_message_and_keeps_good_weights(run_dir, monkeypatch):
+def checkpoint_steps(run_dir: Path) -> dict[str, int]:
+    return {
+        path.name: load_checkpoint(path)["global_step"] for path in (run_dir / "runs/demo/checkpoints").glob("*.ckpt")
+    }
+
+
+def test_non_finite_loss_stops_with_a_message_naming_the_checkpoint_that_resumes(run_dir, monkeypatch):
     from lightning_modules.module import TranslationModule
 
     original = TranslationModule.training_loss
@@ -107,11 +113,65 @@ def test_non_finite_loss_stops_with_a_clear_message_and_keeps_good_weights(run_d
         return (loss_sum * float("nan") if self.global_step == 4 else loss_sum), target_tokens
 
     monkeypatch.setattr(TranslationModule, "training_loss", poisoned)
-    with pytest.raises(FloatingPointError, match=r"Training loss is nan at step 4.*--ckpt_path last"):
+    with pytest.raises(FloatingPointError, match=r"loss is nan at step 4.*runs/demo/checkpoints/last\.ckpt"):
         fit("--trainer.max_steps=10")
-    kept = load_checkpoint(run_dir / "runs/demo/checkpoints/on_exception.ckpt")
-    assert kept["global_step"] == 4
-    assert all(torch.isfinite(t).all() for t in kept["state_dict"].values() if t.is_floating_point())
+    # The state of a diverging run is not saved: last.ckpt is the checkpoint written at step 3.
+    assert checkpoint_steps(run_dir) == {"step000003.ckpt": 3, "last.ckpt": 3}
+
+
+def test_non_finite_weights_are_never_saved_and_the_run_resumes_from_the_last_good_checkpoint(run_dir, monkeypatch):
+    """An update that makes the weights NaN: the checkpoint due right after it (step 6) is refused, nothing else is
+    written, and --ckpt_path last resumes from step 3 (with the same learning rate here: the NaN was injected)."""
+    from lightning_modules.module import TranslationModule
+
+    original = TranslationModule.optimizer_step
+
+    def diverging(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if self.global_step == 5:  # the 6th update, which the checkpoint of step 6 would save
+            next(self.parameters()).data.fill_(float("nan"))
+
+    monkeypatch.setattr(TranslationModule, "optimizer_step", diverging)
+    with pytest.raises(FloatingPointError, match=r"(?s)not finite after step 6.*runs/demo/checkpoints/last\.ckpt"):
+        fit("--trainer.max_steps=10")
+    assert checkpoint_steps(run_dir) == {"step000003.ckpt": 3, "last.ckpt": 3}
+
+    monkeypatch.setattr(TranslationModule, "optimizer_step", original)
+    fit("--trainer.max_steps=6", "--ckpt_path=last")
+    resumed = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")
+    assert resumed["global_step"] == 6
+    assert all(torch.isfinite(t).all() for t in resumed["state_dict"].values() if t.is_floating_point())
+
+
+def test_fit_resumes_only_when_asked(run_dir, monkeypatch):
+    """A second fit into the same folder stops with a message instead of resuming (or overwriting) by itself; a run
+    that fails before training writes no checkpoint; --ckpt_path last resumes from last.ckpt."""
+    from lightning_modules.module import TranslationModule
+
+    fit("--trainer.max_steps=3")
+    with pytest.raises(FileExistsError, match=r"runs/demo/checkpoints holds the checkpoints .*--ckpt_path last"):
+        fit("--trainer.max_steps=6")
+    assert checkpoint_steps(run_dir) == {"step000003.ckpt": 3, "last.ckpt": 3}
+
+    def broken_setup(self):
+        raise RuntimeError("setup failed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TranslationModule, "configure_model", broken_setup)
+        with pytest.raises(RuntimeError, match="setup failed"):
+            fit("--trainer.max_steps=6", "--ckpt_path=last")
+    assert checkpoint_steps(run_dir) == {"step000003.ckpt": 3, "last.ckpt": 3}
+
+    fit("--trainer.max_steps=6", "--ckpt_path=last")
+    assert checkpoint_steps(run_dir)["last.ckpt"] == 6
+
+
+def test_saved_steps_are_regular_across_epoch_ends(run_dir):
+    """Epochs of 6 batches, a checkpoint every 3 steps: steps 6 and 12 end an epoch and are saved like the others."""
+    fit("--trainer.max_steps=12", "--trainer.limit_train_batches=6")
+    steps = checkpoint_steps(run_dir)
+    assert steps.pop("last.ckpt") == 12
+    assert sorted(steps.values()) == [3, 6, 9, 12]
 
 
 def test_config_errors_are_reported_before_any_work(run_dir):
@@ -158,7 +218,7 @@ def test_sigterm_saves_a_checkpoint_that_resumes(run_dir):
         process.wait(timeout=120)
     finally:
         process.kill()
-    saved = load_checkpoint(run_dir / "runs/demo/checkpoints/on_exception.ckpt")["global_step"]
+    saved = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")["global_step"]
     assert saved >= 3
     target = (saved // 3 + 1) * 3  # the next step at which tiny.yaml writes a checkpoint
     fit(f"--trainer.max_steps={target}", "--ckpt_path=last")

@@ -1,0 +1,11 @@
+"""Checks that stored weights are usable. Saved model folders carry this file with their remote code (the modeling
+file imports it relatively)."""
+
+from collections.abc import Iterable
+
+import torch
+
+
+def non_finite_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """The names of the floating-point tensors that hold a NaN or an infinity."""
+    return [name for name, tensor in named_tensors if tensor.is_floating_point() and not tensor.isfinite().all()]
