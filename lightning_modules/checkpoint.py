@@ -35,6 +35,14 @@ def unreadable_checkpoint(path: str | Path, error: Exception) -> ValueError:
     )
 
 
+def peek_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The checkpoint at `path`, memory-mapped: cheap, and enough to know it is readable and to read its step."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except UNREADABLE as error:
+        raise unreadable_checkpoint(path, error) from error
+
+
 def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
     """`torch.save` into a temporary file beside `path`, flushed to disk, then renamed over `path`: a crash at any
     moment leaves either the previous file or the complete new one under that name, never a part of one."""
@@ -140,10 +148,10 @@ def last_checkpoints(folder: str | Path, count: int) -> list[Path]:
     for path in Path(folder).glob("*.ckpt"):
         if path.stem.startswith(("last", "on_exception")):
             continue
-        try:  # memory-mapped: only the step is read here, the weights are read once, by the averaging
-            steps[path] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"]
-        except UNREADABLE as error:
-            warnings.warn(f"Not averaging {unreadable_checkpoint(path, error)}", stacklevel=2)
+        try:  # only the step is read here, the weights are read once, by the averaging
+            steps[path] = peek_checkpoint(path)["global_step"]
+        except ValueError as error:
+            warnings.warn(f"Not averaging {error}", stacklevel=2)
     chosen = sorted(steps, key=steps.get)[-count:]
     if len(chosen) < count:
         raise ValueError(

@@ -22,6 +22,7 @@ from .checkpoint import (
     last_checkpoints,
     load_checkpoint,
     model_from_checkpoint,
+    peek_checkpoint,
     tokenizer_from_checkpoint,
 )
 from .data import TranslationDataModule
@@ -34,6 +35,13 @@ class TranslationCLI(LightningCLI):
         # The tokenizer decides the vocabulary and special ids: the model takes them from the data module.
         for name in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id"):
             parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        # LightningCLI reads the hyperparameters of a --ckpt_path file next, and names no file when it cannot.
+        ckpt_path = self.config.get(f"{self.config.get('subcommand')}.ckpt_path")
+        if ckpt_path and Path(ckpt_path).is_file():
+            peek_checkpoint(ckpt_path)
 
     def after_test(self) -> None:
         """Write the test hypotheses, one per line in test-set order, next to the scores."""
