@@ -90,8 +90,9 @@ class ResumableCheckpoint(ModelCheckpoint):
         if trainer.strategy.broadcast(trainer.ckpt_path is None and bool(existing)):
             raise FileExistsError(
                 f"{self.dirpath} holds the checkpoints of an earlier run ({', '.join(p.name for p in existing[-3:])}). "
-                "Resume it with --ckpt_path last, or start a new run after moving that folder away, or write this run "
-                "elsewhere (dirpath of the checkpoint callback in your config)."
+                "Resume it with --ckpt_path last (or --ckpt_path and one of its files), or start a new run after "
+                "moving that folder away, or write this run elsewhere (dirpath of the checkpoint callback in your "
+                "config)."
             )
         self._saved_step = trainer.global_step
 
