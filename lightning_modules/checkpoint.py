@@ -29,16 +29,17 @@ UNREADABLE = (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingErro
 
 def unreadable_checkpoint(path: str | Path, error: Exception) -> ValueError:
     return ValueError(
-        f"{path} is not a readable checkpoint ({type(error).__name__}: {error}). A crash while it was written "
-        "(before checkpoints were written atomically) or a copy cut short leaves such a file: use another checkpoint "
-        "of its folder, or delete it."
+        f"{path} is not a readable checkpoint ({type(error).__name__}: {error}): it is truncated, corrupt or no "
+        "checkpoint at all (a crash during its write, before checkpoints were written atomically, or a copy cut short "
+        "leaves such a file). Use another checkpoint of its folder."
     )
 
 
-def peek_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The checkpoint at `path`, memory-mapped: cheap, and enough to know it is readable and to read its step."""
+def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
+    """`torch.load` of plain tensors and Python values, naming the file when it cannot be read. Memory-mapped (`mmap`),
+    it is cheap: enough to know that the file is whole and to read its step."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except UNREADABLE as error:
         raise unreadable_checkpoint(path, error) from error
 
@@ -89,10 +90,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint at {path}: pass the path of a .ckpt file written during training.")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except UNREADABLE as error:
-        raise unreadable_checkpoint(path, error) from error
+    checkpoint = read_checkpoint(path)
     for key in ("state_dict", "hf_config", "tokenizer"):
         if key not in checkpoint:
             raise ValueError(f"{path} has no {key!r}: it was not written by lightning_modules.TranslationModule.")
@@ -149,7 +147,7 @@ def last_checkpoints(folder: str | Path, count: int) -> list[Path]:
         if path.stem.startswith(("last", "on_exception")):
             continue
         try:  # only the step is read here, the weights are read once, by the averaging
-            steps[path] = peek_checkpoint(path)["global_step"]
+            steps[path] = read_checkpoint(path, mmap=True)["global_step"]
         except ValueError as error:
             warnings.warn(f"Not averaging {error}", stacklevel=2)
     chosen = sorted(steps, key=steps.get)[-count:]

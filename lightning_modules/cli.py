@@ -22,7 +22,7 @@ from .checkpoint import (
     last_checkpoints,
     load_checkpoint,
     model_from_checkpoint,
-    peek_checkpoint,
+    read_checkpoint,
     tokenizer_from_checkpoint,
 )
 from .data import TranslationDataModule
@@ -41,7 +41,7 @@ class TranslationCLI(LightningCLI):
         # LightningCLI reads the hyperparameters of a --ckpt_path file next, and names no file when it cannot.
         ckpt_path = self.config.get(f"{self.config.get('subcommand')}.ckpt_path")
         if ckpt_path and Path(ckpt_path).is_file():
-            peek_checkpoint(ckpt_path)
+            read_checkpoint(ckpt_path, mmap=True)
 
     def after_test(self) -> None:
         """Write the test hypotheses, one per line in test-set order, next to the scores."""
