@@ -9,10 +9,12 @@ Reading order: attention (eq. 1, section 3.2) -> feed-forward (eq. 2) -> "Add & 
 """
 
 import math
+import os
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
@@ -27,7 +29,7 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import can_return_tuple
+from transformers.utils import SAFE_WEIGHTS_NAME, can_return_tuple
 
 from .configuration_transformer import TransformerConfig
 from .efficiency import (
@@ -38,6 +40,7 @@ from .efficiency import (
     reorder_self_attention_cache,
     training_flops,
 )
+from .integrity import non_finite_tensors
 
 
 def scaled_dot_product_attention(
@@ -341,6 +344,26 @@ class TransformerPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = True
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, naming the source when its weights file cannot be read and refusing
+        weights that hold a NaN or an infinity (a file whose bytes were overwritten loads without an error)."""
+        source = pretrained_model_name_or_path
+        if os.path.isdir(source) and os.path.isfile(os.path.join(source, SAFE_WEIGHTS_NAME)):
+            source = os.path.join(source, SAFE_WEIGHTS_NAME)
+        try:
+            loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except SafetensorError as error:
+            raise OSError(f"Cannot read the weights in {source}, a truncated or corrupt file: {error}") from error
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading_info) when asked for both
+        non_finite = non_finite_tensors(model.named_parameters())
+        if non_finite:
+            raise ValueError(
+                f"The weights in {source} hold NaN or infinite values ({', '.join(non_finite[:3])}...): the file is "
+                "corrupt, or was saved from a run that diverged. Export it again from a good checkpoint."
+            )
+        return loaded
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

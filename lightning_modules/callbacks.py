@@ -1,5 +1,6 @@
-"""Engineering around training that belongs to no single module: throughput, padding and MFU logging, a W&B logger
-that falls back to offline runs, and progress written as plain lines."""
+"""Engineering around training that belongs to no single module: exact resume, throughput, padding and MFU logging,
+checkpoints that resume only when asked, a W&B logger that falls back to offline runs, and progress written as plain
+lines."""
 
 import importlib.util
 import netrc
@@ -12,10 +13,12 @@ from urllib.parse import urlparse
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.utilities.throughput import get_available_flops
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import WandbLogger
 
-from .errors import ConfigError
+from hf_transformer.integrity import non_finite_tensors
+
+from .errors import ConfigError, EarlierRunFound
 
 
 class ExactResume(pl.Callback):
@@ -98,6 +101,53 @@ class TranslationThroughput(pl.Callback):
             metrics["throughput/mfu"] = int(self._flops) / seconds / self._peak_flops
         pl_module.log_dict(metrics)
         self._reset()
+
+
+class ResumableCheckpoint(ModelCheckpoint):
+    """`ModelCheckpoint` whose `last.ckpt` is the one state that `--ckpt_path last` resumes.
+
+    - When training stops on an exception (SIGTERM, a crash), the state is saved as `last.ckpt` (no extra step
+      checkpoint, so the saved steps stay regular), unless no step was trained since the last save, the weights are not
+      finite, or the exception is a non-finite loss (a diverging state is no place to resume from).
+    - A fresh run (no `ckpt_path`) into a folder that holds checkpoints stops with a message instead of mixing two
+      runs' files: README's commands name this pinned folder, so a new versioned folder would leave them pointing at
+      the old run.
+
+    Lightning's `OnExceptionCheckpoint` is not used: with it, `fit` resumes by itself and its file wins over
+    `last.ckpt` even when written at step 0 or from non-finite weights.
+    """
+
+    def __init__(self, *args: Any, save_on_exception: bool = True, **kwargs: Any):
+        super().__init__(*args, save_on_exception=save_on_exception, **kwargs)
+        self._saved_step: int | None = None  # the step of the newest state on disk, once training has started
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        # Here rather than in `setup`: `trainer.ckpt_path` is known only once the checkpoint is restored.
+        existing = sorted(Path(self.dirpath).glob("*.ckpt")) if trainer.is_global_zero and self.dirpath else []
+        if trainer.strategy.broadcast(trainer.ckpt_path is None and bool(existing)):
+            raise EarlierRunFound(
+                f"{self.dirpath} holds the checkpoints of an earlier run ({', '.join(p.name for p in existing[-3:])}). "
+                "Resume it with --ckpt_path last (or --ckpt_path and one of its files), or start a new run after "
+                "moving that folder away, or write this run elsewhere (dirpath of the checkpoint callback in your "
+                "config)."
+            )
+        self._saved_step = trainer.global_step
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        self._saved_step = checkpoint["global_step"]
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if (
+            not self.save_on_exception
+            or self._saved_step in (None, trainer.global_step)
+            or isinstance(exception, FloatingPointError)
+            or non_finite_tensors(pl_module.named_parameters())
+        ):
+            return
+        path = self.format_checkpoint_name({"step": trainer.global_step}, self.CHECKPOINT_NAME_LAST)
+        trainer.save_checkpoint(path)
+        self.last_model_path = path
 
 
 def wandb_credentials_found() -> bool:

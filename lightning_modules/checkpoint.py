@@ -1,31 +1,100 @@
-"""From Lightning checkpoints to Hugging Face folders: reading the model and tokenizer that travel inside a
-checkpoint, averaging the last checkpoints (section 6.1 averages the last 5), and exporting."""
+"""From Lightning checkpoints to Hugging Face folders: writing checkpoints that a crash cannot tear, reading the model
+and tokenizer that travel inside a checkpoint, averaging the last checkpoints (section 6.1 averages the last 5), and
+exporting."""
 
 import os
+import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+from fsspec.implementations.local import LocalFileSystem
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline
 from hf_transformer.marian import to_marian
 
+from .errors import CheckpointError, CheckpointNotFound
 from .model_card import write_model_card
 
 MODEL_PREFIX = "model."
+
+
+# What torch.load raises on a file that is truncated, overwritten or no checkpoint at all.
+UNREADABLE = (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError)
+
+
+def unreadable_checkpoint(path: str | Path, error: Exception) -> CheckpointError:
+    return CheckpointError(
+        f"{path} is not a readable checkpoint ({type(error).__name__}: {error}): it is truncated, corrupt or no "
+        "checkpoint at all (a crash during its write, before checkpoints were written atomically, or a copy cut short "
+        "leaves such a file). Use another checkpoint of its folder."
+    )
+
+
+def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
+    """`torch.load` of plain tensors and Python values, naming the file when it cannot be read. Memory-mapped (`mmap`),
+    it is cheap: enough to know that the file is whole and to read its step."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except UNREADABLE as error:
+        raise unreadable_checkpoint(path, error) from error
+
+
+def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
+    """`torch.save` into a temporary file beside `path`, flushed to disk, then renamed over `path`: a crash at any
+    moment leaves either the previous file or the complete new one under that name, never a part of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # hidden, and no *.ckpt for the folder's readers
+    try:
+        with open(temporary, "wb") as file:
+            torch.save(checkpoint, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)  # atomic within one filesystem, which a file beside the target guarantees
+    finally:
+        temporary.unlink(missing_ok=True)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself survives a power cut once the folder's entry is on disk
+    finally:
+        os.close(folder)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer and reader, writing local files with `save_atomically` and naming the file when
+    one cannot be read. Lightning's own atomic save writes a temporary file in TMPDIR and moves it, which across
+    filesystems (a tmpfs /tmp, runs on a disk) is a copy without fsync, so a kill left truncated checkpoints."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+        if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
+            super().save_checkpoint(checkpoint, path, storage_options)
+        else:
+            save_atomically(checkpoint, path)
+
+    def load_checkpoint(self, path: str | Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        try:
+            return super().load_checkpoint(path, *args, **kwargs)
+        except FileNotFoundError:
+            raise
+        except UNREADABLE as error:
+            raise unreadable_checkpoint(path, error) from error
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint written by `TranslationModule` (plain tensors and Python values only)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"No checkpoint at {path}: pass the path of a .ckpt file written during training.")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        raise CheckpointNotFound(f"No checkpoint at {path}: pass the path of a .ckpt file written during training.")
+    checkpoint = read_checkpoint(path)
     for key in ("state_dict", "hf_config", "tokenizer"):
         if key not in checkpoint:
-            raise ValueError(f"{path} has no {key!r}: it was not written by lightning_modules.TranslationModule.")
+            raise CheckpointError(f"{path} has no {key!r}: it was not written by lightning_modules.TranslationModule.")
     return checkpoint
 
 
@@ -55,11 +124,12 @@ def model_from_checkpoint(checkpoint: dict[str, Any]) -> TransformerForCondition
 
 def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     """The element-wise mean of the float weights of several checkpoints (computed in float64); everything else is
-    taken from the last one."""
+    taken from the last one, and `averaged_steps` lists the global steps averaged."""
     if not paths:
         raise ValueError("Checkpoint averaging needs at least one checkpoint.")
     checkpoints = [load_checkpoint(path) for path in paths]
     averaged = dict(checkpoints[-1])
+    averaged["averaged_steps"] = [checkpoint["global_step"] for checkpoint in checkpoints]
     averaged["state_dict"] = {}
     for name, last in checkpoints[-1]["state_dict"].items():
         if last.is_floating_point():
@@ -71,16 +141,36 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
 
 
 def last_checkpoints(folder: str | Path, count: int) -> list[Path]:
-    """The `count` most recent step checkpoints in `folder` (by global step), oldest first."""
-    candidates = [path for path in Path(folder).glob("*.ckpt") if not path.stem.startswith(("last", "on_exception"))]
-    # Memory-mapped: only the step is read here, the weights are read once, by the averaging.
-    steps = {
-        path: torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"] for path in candidates
-    }
-    chosen = sorted(candidates, key=steps.get)[-count:]
+    """The `count` most recent step checkpoints in `folder` (by global step), oldest first. An unreadable file is
+    skipped with a warning that names it."""
+    steps = {}
+    for path in Path(folder).glob("*.ckpt"):
+        if path.stem.startswith(("last", "on_exception")):
+            continue
+        try:  # only the step is read here, the weights are read once, by the averaging
+            steps[path] = read_checkpoint(path, mmap=True)["global_step"]
+        except ValueError as error:
+            warnings.warn(f"Not averaging {error}", stacklevel=2)
+    chosen = sorted(steps, key=steps.get)[-count:]
     if len(chosen) < count:
-        raise ValueError(f"Asked to average {count} checkpoints but {folder} holds {len(chosen)}: {chosen}.")
+        raise ValueError(
+            f"Asked to average {count} checkpoints but {folder} holds {len(chosen)} readable ones: "
+            f"{[path.name for path in chosen]}."
+        )
     return chosen
+
+
+def averaging_span_warning(steps: list[int]) -> str | None:
+    """A warning when the averaged checkpoints span most of the run (up to the last one's step). Section 6.1 averages
+    the last checkpoints, written close together at the end (the last 5 of 12 hours, 10 minutes apart); averaging
+    weights from early in training makes the model worse than the last checkpoint."""
+    if steps[-1] - steps[0] <= steps[-1] / 2:
+        return None
+    return (
+        f"The averaged checkpoints span steps {steps[0]}-{steps[-1]}, most of the run: the paper averages the last "
+        "checkpoints, written close together near the end of training. Write checkpoints more often "
+        "(every_n_train_steps of the checkpoint callback) or average fewer (--average N)."
+    )
 
 
 def export(checkpoint: dict[str, Any], folder: str | Path, **card_info: Any) -> Path:

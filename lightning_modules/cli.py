@@ -39,6 +39,7 @@ def export_main(argv: list[str]) -> None:
 
     from .checkpoint import (
         average_checkpoints,
+        averaging_span_warning,
         export,
         export_marian,
         last_checkpoints,
@@ -74,9 +75,11 @@ def export_main(argv: list[str]) -> None:
     if args.average:
         folder = Path(args.checkpoint)
         folder = folder if folder.is_dir() else folder.parent
-        paths = last_checkpoints(folder, args.average)
-        print(f"Averaging {len(paths)} checkpoints: {', '.join(path.name for path in paths)}")
-        checkpoint = average_checkpoints(paths)
+        checkpoint = average_checkpoints(last_checkpoints(folder, args.average))
+        steps = checkpoint["averaged_steps"]
+        print(f"Averaged {len(steps)} checkpoints of {folder}, steps {', '.join(map(str, steps))}")
+        if warning := averaging_span_warning(steps):
+            print(f"Warning: {warning}", file=sys.stderr)
     else:
         checkpoint = load_checkpoint(args.checkpoint)
     if args.format == "marian":

@@ -15,3 +15,15 @@ class ConfigError(UserError):
 
 class TrainingDiverged(UserError, FloatingPointError):
     """The training loss became NaN or infinite."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint file that cannot be used: unreadable, truncated, or not written by this package."""
+
+
+class CheckpointNotFound(UserError, FileNotFoundError):
+    """No checkpoint where one was named."""
+
+
+class EarlierRunFound(UserError, FileExistsError):
+    """A fresh run would write into a folder holding another run's checkpoints."""

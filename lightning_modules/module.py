@@ -14,6 +14,7 @@ from torchmetrics.text import CHRFScore, SacreBLEUScore
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
+from hf_transformer.integrity import non_finite_tensors
 from hf_transformer.loss import translation_loss
 from hf_transformer.translate import beam_search
 
@@ -176,12 +177,7 @@ class TranslationModule(pl.LightningModule):
         loss_sum, target_tokens = self.training_loss(batch)
         loss = loss_sum / target_tokens
         if not torch.isfinite(loss):
-            raise TrainingDiverged(
-                f"Training loss is {loss.item()} at step {self.global_step}. The weights were not updated with it; "
-                "resume from the last checkpoint (--ckpt_path last) with a lower learning rate (model.peak_lr), "
-                "more warm-up (model.warmup_steps), gradient clipping (trainer.gradient_clip_val) or "
-                "bf16-mixed instead of 16-mixed precision."
-            )
+            raise TrainingDiverged(f"Training loss is {loss.item()} at step {self.global_step}. {self.resume_hint()}")
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/target_tokens", target_tokens.float(), reduce_fx="sum")
         return loss
@@ -273,7 +269,29 @@ class TranslationModule(pl.LightningModule):
 
     # --- checkpoints: the HF config and the tokenizer travel inside -------------------------------------------
 
+    def resume_hint(self) -> str:
+        """Where a diverged run resumes from and what to change: the last checkpoint written, never a diverged state."""
+        callback = self.trainer.checkpoint_callback
+        last = getattr(callback, "last_model_path", "")
+        where = (
+            f"Resume from the last checkpoint written, {last} (--ckpt_path last),"
+            if last
+            else "No checkpoint was written before it: start again"
+        )
+        return (
+            f"{where} with a lower learning rate (model.peak_lr), more warm-up "
+            "(model.warmup_steps), gradient clipping (trainer.gradient_clip_val) or bf16-mixed instead of 16-mixed "
+            "precision."
+        )
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # A checkpoint is a state to resume from: one with non-finite weights would fail again at every resume.
+        non_finite = non_finite_tensors(checkpoint["state_dict"].items())
+        if non_finite:
+            raise TrainingDiverged(
+                f"The weights are not finite after step {checkpoint['global_step']} ({', '.join(non_finite[:3])}...), "
+                f"so they are not saved. {self.resume_hint()}"
+            )
         checkpoint["hf_config"] = self.model.config.to_dict()
         checkpoint["generation_config"] = self.model.generation_config.to_dict()
         if self.tokenizer is not None:

@@ -14,6 +14,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from hf_transformer import TransformerConfig
 
+from .checkpoint import read_checkpoint
 from .data import TranslationDataModule
 from .errors import ConfigError
 from .module import TranslationModule, check_training_settings, model_config
@@ -86,6 +87,13 @@ class TranslationCLI(LightningCLI):
             parser.link_arguments(
                 ("model.preset", "model.config", "model.init_from"), f"data.max_{side}_positions", model_positions
             )
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        # LightningCLI reads the hyperparameters of a --ckpt_path file next, and names no file when it cannot.
+        ckpt_path = self.config.get(f"{self.config.get('subcommand')}.ckpt_path")
+        if ckpt_path and Path(ckpt_path).is_file():
+            read_checkpoint(ckpt_path, mmap=True)
 
     def before_instantiate_classes(self) -> None:
         # The data module is built first (the model takes the vocabulary from it) and trains a tokenizer: check the

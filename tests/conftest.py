@@ -82,7 +82,7 @@ def multi30k_dir() -> str:
 TINY_RUN = """
 trainer:
   callbacks:
-    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+    - class_path: lightning_modules.callbacks.ResumableCheckpoint
       init_args:
         dirpath: runs/demo/checkpoints
         filename: "step{step:06d}"
@@ -92,9 +92,7 @@ trainer:
         save_top_k: 5
         save_last: true
         every_n_train_steps: 3
-    - class_path: lightning.pytorch.callbacks.OnExceptionCheckpoint
-      init_args:
-        dirpath: runs/demo/checkpoints
+        save_on_train_epoch_end: true
   enable_progress_bar: false
   enable_model_summary: false
   num_sanity_val_steps: 0

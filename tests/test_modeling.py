@@ -541,6 +541,25 @@ def test_remote_code_load_without_the_package_gives_identical_outputs(tiny_confi
     assert torch.equal(remote["beams"], model.generate(source, max_new_tokens=5))
 
 
+def test_corrupt_weights_are_refused_naming_the_file(tiny_config, tmp_path):
+    """Overwritten tensor bytes used to load as NaN weights without a word, and a truncated file failed inside
+    safetensors naming no file: both name it, also when the model loads as remote code."""
+    make_model(tiny_config).save_pretrained(tmp_path / "model")
+    weights = tmp_path / "model" / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-64] + b"\xff" * 64)  # the end of the last tensor: float32 NaNs
+    with pytest.raises(ValueError, match=r"model/model\.safetensors hold NaN or infinite values"):
+        TransformerForConditionalGeneration.from_pretrained(tmp_path / "model")
+    assert (tmp_path / "model" / "integrity.py").exists()  # imported by the modeling file: travels with it
+    source, target = random_batch(tiny_config)
+    error = load_without_the_package(tmp_path / "model", source, target, expect_failure=True)
+    assert "model/model.safetensors hold NaN or infinite values" in error, error[-2000:]
+
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(OSError, match=r"Cannot read the weights in .*model/model\.safetensors, a truncated"):
+        TransformerForConditionalGeneration.from_pretrained(tmp_path / "model")
+
+
 def test_seq2seq_trainer_trains_with_label_smoothing(tiny_config, tiny_tokenizer, tmp_path):
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 

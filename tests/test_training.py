@@ -12,14 +12,23 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_transformer import TransformerForConditionalGeneration
-from lightning_modules.checkpoint import average_checkpoints, export, load_checkpoint, model_from_checkpoint
+from lightning_modules.checkpoint import (
+    AtomicCheckpointIO,
+    average_checkpoints,
+    averaging_span_warning,
+    export,
+    load_checkpoint,
+    model_from_checkpoint,
+)
 from lightning_modules.cli import main, run
 from lightning_modules.module import noam_lr_lambda
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+CONFIGS = sorted(DEMO.parent.glob("*.yaml"))  # the experiments; configs/trainer/ holds trainer settings to compose
 
 
 def fit(*overrides: str) -> None:
@@ -106,7 +115,13 @@ def test_bf16_mixed_trains_on_cpu(run_dir):
     assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values() if t.is_floating_point())
 
 
-def test_non_finite_loss_stops_with_a_clear_message_and_keeps_good_weights(run_dir, monkeypatch):
+def checkpoint_steps(run_dir: Path) -> dict[str, int]:
+    return {
+        path.name: load_checkpoint(path)["global_step"] for path in (run_dir / "runs/demo/checkpoints").glob("*.ckpt")
+    }
+
+
+def test_non_finite_loss_stops_with_a_message_naming_the_checkpoint_that_resumes(run_dir, monkeypatch):
     from lightning_modules.module import TranslationModule
 
     original = TranslationModule.training_loss
@@ -116,11 +131,65 @@ def test_non_finite_loss_stops_with_a_clear_message_and_keeps_good_weights(run_d
         return (loss_sum * float("nan") if self.global_step == 4 else loss_sum), target_tokens
 
     monkeypatch.setattr(TranslationModule, "training_loss", poisoned)
-    with pytest.raises(FloatingPointError, match=r"Training loss is nan at step 4.*--ckpt_path last"):
+    with pytest.raises(FloatingPointError, match=r"loss is nan at step 4.*runs/demo/checkpoints/last\.ckpt"):
         fit("--trainer.max_steps=10")
-    kept = load_checkpoint(run_dir / "runs/demo/checkpoints/on_exception.ckpt")
-    assert kept["global_step"] == 4
-    assert all(torch.isfinite(t).all() for t in kept["state_dict"].values() if t.is_floating_point())
+    # The state of a diverging run is not saved: last.ckpt is the checkpoint written at step 3.
+    assert checkpoint_steps(run_dir) == {"step000003.ckpt": 3, "last.ckpt": 3}
+
+
+def test_non_finite_weights_are_never_saved_and_the_run_resumes_from_the_last_good_checkpoint(run_dir, monkeypatch):
+    """An update that makes the weights NaN: the checkpoint due right after it (step 6) is refused, nothing else is
+    written, and --ckpt_path last resumes from step 3 (with the same learning rate here: the NaN was injected)."""
+    from lightning_modules.module import TranslationModule
+
+    original = TranslationModule.optimizer_step
+
+    def diverging(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if self.global_step == 5:  # the 6th update, which the checkpoint of step 6 would save
+            next(self.parameters()).data.fill_(float("nan"))
+
+    monkeypatch.setattr(TranslationModule, "optimizer_step", diverging)
+    with pytest.raises(FloatingPointError, match=r"(?s)not finite after step 6.*runs/demo/checkpoints/last\.ckpt"):
+        fit("--trainer.max_steps=10")
+    assert checkpoint_steps(run_dir) == {"step000003.ckpt": 3, "last.ckpt": 3}
+
+    monkeypatch.setattr(TranslationModule, "optimizer_step", original)
+    fit("--trainer.max_steps=6", "--ckpt_path=last")
+    resumed = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")
+    assert resumed["global_step"] == 6
+    assert all(torch.isfinite(t).all() for t in resumed["state_dict"].values() if t.is_floating_point())
+
+
+def test_fit_resumes_only_when_asked(run_dir, monkeypatch):
+    """A second fit into the same folder stops with a message instead of resuming (or overwriting) by itself; a run
+    that fails before training writes no checkpoint; --ckpt_path last resumes from last.ckpt."""
+    from lightning_modules.module import TranslationModule
+
+    fit("--trainer.max_steps=3")
+    with pytest.raises(FileExistsError, match=r"runs/demo/checkpoints holds the checkpoints .*--ckpt_path last"):
+        fit("--trainer.max_steps=6")
+    assert checkpoint_steps(run_dir) == {"step000003.ckpt": 3, "last.ckpt": 3}
+
+    def broken_setup(self):
+        raise RuntimeError("setup failed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TranslationModule, "configure_model", broken_setup)
+        with pytest.raises(RuntimeError, match="setup failed"):
+            fit("--trainer.max_steps=6", "--ckpt_path=last")
+    assert checkpoint_steps(run_dir) == {"step000003.ckpt": 3, "last.ckpt": 3}
+
+    fit("--trainer.max_steps=6", "--ckpt_path=last")
+    assert checkpoint_steps(run_dir)["last.ckpt"] == 6
+
+
+def test_saved_steps_are_regular_across_epoch_ends(run_dir):
+    """Epochs of 6 batches, a checkpoint every 3 steps: steps 6 and 12 end an epoch and are saved like the others."""
+    fit("--trainer.max_steps=12", "--trainer.limit_train_batches=6")
+    steps = checkpoint_steps(run_dir)
+    assert steps.pop("last.ckpt") == 12
+    assert sorted(steps.values()) == [3, 6, 9, 12]
 
 
 def test_config_errors_are_reported_before_any_work(run_dir):
@@ -205,7 +274,7 @@ def test_sigterm_saves_a_checkpoint_that_resumes(run_dir):
         process.wait(timeout=120)
     finally:
         process.kill()
-    saved = load_checkpoint(run_dir / "runs/demo/checkpoints/on_exception.ckpt")["global_step"]
+    saved = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")["global_step"]
     assert saved >= 3
     target = (saved // 3 + 1) * 3  # the next step at which tiny.yaml writes a checkpoint
     fit(f"--trainer.max_steps={target}", "--ckpt_path=last")
@@ -290,6 +359,80 @@ def test_checkpoint_averaging_is_the_mean_of_the_weights(run_dir):
             torch.testing.assert_close(tensor, (first[name] + second[name]) / 2)
     main(["export", str(run_dir / "runs/demo/checkpoints"), str(run_dir / "averaged"), "--average", "2"])
     assert (run_dir / "averaged" / "model.safetensors").exists()
+
+
+def test_a_checkpoint_is_written_beside_its_target_and_a_write_cut_short_leaves_the_previous_file(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"global_step": 1}, path)
+    events = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append("fsync") or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda src, dst: events.append(Path(src).parent) or replace(src, dst))
+    AtomicCheckpointIO().save_checkpoint({"global_step": 2}, path)
+    # Flushed to disk before it takes the name, from a file in the same folder (a rename, never a copy), and the
+    # rename flushed too.
+    assert events == ["fsync", tmp_path, "fsync"]
+    assert torch.load(path, weights_only=True) == {"global_step": 2}
+
+    def killed_while_writing(obj, file):
+        file.write(b"PK\x03\x04 the first bytes of a checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", killed_while_writing)
+    with pytest.raises(KeyboardInterrupt):
+        AtomicCheckpointIO().save_checkpoint({"global_step": 3}, path)
+    assert torch.load(path, weights_only=True) == {"global_step": 2}
+    assert [file.name for file in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def test_a_torn_checkpoint_is_skipped_by_averaging_and_named_by_export_and_resume(run_dir, capsys):
+    fit("--trainer.max_steps=9")
+    folder = run_dir / "runs/demo/checkpoints"
+    torn = folder / "step000006.ckpt"
+    torn.write_bytes(torn.read_bytes()[: torn.stat().st_size // 2])
+    with pytest.warns(UserWarning, match=r"Not averaging .*step000006\.ckpt is not a readable checkpoint"):
+        main(["export", str(folder), "averaged", "--average", "2"])
+    assert "steps 3, 9" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"step000006\.ckpt is not a readable checkpoint"):
+        run(["export", str(torn), "exported"])
+    with pytest.raises(ValueError, match=r"step000006\.ckpt is not a readable checkpoint"):
+        fit("--trainer.max_steps=12", f"--ckpt_path={torn}")
+
+
+def test_export_says_which_steps_it_averaged_and_warns_when_they_span_most_of_the_run(run_dir, capsys):
+    fit("--trainer.max_steps=9")
+    main(["export", "runs/demo/checkpoints", "averaged", "--average", "3"])
+    output = capsys.readouterr()
+    assert "steps 3, 6, 9" in output.out
+    assert "span steps 3-9, most of the run" in output.err
+    assert averaging_span_warning([1120, 1140, 1160, 1180, 1200]) is None
+
+
+def checkpoint_callback(config: Path) -> dict:
+    """The init_args of the config's checkpoint callback."""
+    callbacks = yaml.safe_load(config.read_text())["trainer"]["callbacks"]
+    return next(callback["init_args"] for callback in callbacks if "Checkpoint" in callback["class_path"])
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda path: path.stem)
+def test_every_config_checkpoints_atomically_and_resumes_only_when_asked(config):
+    trainer = yaml.safe_load(config.read_text())["trainer"]
+    callbacks = [callback["class_path"] for callback in trainer["callbacks"]]
+    assert "lightning_modules.callbacks.ResumableCheckpoint" in callbacks
+    assert not any("OnExceptionCheckpoint" in callback for callback in callbacks)  # it makes fit resume by itself
+    assert {"class_path": "lightning_modules.checkpoint.AtomicCheckpointIO"} in trainer["plugins"]
+    assert checkpoint_callback(config)["save_on_train_epoch_end"] is True
+
+
+def test_the_demo_keeps_the_last_checkpoints_of_the_run_for_averaging():
+    """As section 6.1 averages the last 5 checkpoints of 12 hours, 10 minutes apart: the demo's last 5 lie in the
+    last tenth of its steps."""
+    settings = checkpoint_callback(DEMO)
+    max_steps = yaml.safe_load(DEMO.read_text())["trainer"]["max_steps"]
+    span = settings["every_n_train_steps"] * (settings["save_top_k"] - 1)
+    assert settings["save_top_k"] == 5 and span <= max_steps / 10
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="16-mixed uses a gradient scaler only on a CUDA GPU")
