@@ -3,6 +3,8 @@ loss, perplexity and BLEU/chrF of beam-search translations."""
 
 import dataclasses
 import difflib
+import importlib.metadata
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any, Literal
@@ -20,7 +22,7 @@ from hf_transformer.translate import beam_search
 
 from .callbacks import ExactResume
 from .checkpoint import tokenizer_from_checkpoint, tokenizer_state
-from .errors import ConfigError, TrainingDiverged
+from .errors import CheckpointError, ConfigError, TrainingDiverged
 from .tokenization import model_vocabulary
 
 # Validation rows kept for the logger's sample table and the end-of-run summary.
@@ -64,6 +66,21 @@ def model_config(preset: str, overrides: dict[str, Any] | None, vocabulary: dict
         return TransformerConfig.from_preset(preset, **{**overrides, **vocabulary})
     except ValueError as err:
         raise ConfigError(f"model.config: {err}") from err
+
+
+def check_resumable(path: str, checkpoint: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose module arguments this version does not take, saying which version wrote it; its
+    model still exports (`hf-transformer export` reads every version) and trains further with model.init_from."""
+    accepted = set(inspect.signature(TranslationModule).parameters)
+    unknown = sorted(set(checkpoint.get("hyper_parameters", {})) - accepted - {"_instantiator", "_class_path"})
+    if unknown:
+        version = checkpoint.get("hf_transformer_version", "a version before 0.2.0")
+        raise CheckpointError(
+            f"{path} was written by hf-transformer {version}, whose training module took {', '.join(unknown[:4])}; "
+            f"this version ({importlib.metadata.version('hf-transformer')}) takes the model as model.preset and "
+            "model.config. Resume it with the version that wrote it, or export it (hf-transformer export "
+            f"{path} exports/old) and train on from that folder with --model.init_from exports/old."
+        )
 
 
 def check_training_settings(hparams: dict[str, Any]) -> None:
@@ -292,6 +309,7 @@ class TranslationModule(pl.LightningModule):
                 f"The weights are not finite after step {checkpoint['global_step']} ({', '.join(non_finite[:3])}...), "
                 f"so they are not saved. {self.resume_hint()}"
             )
+        checkpoint["hf_transformer_version"] = importlib.metadata.version("hf-transformer")
         checkpoint["hf_config"] = self.model.config.to_dict()
         checkpoint["generation_config"] = self.model.generation_config.to_dict()
         if self.tokenizer is not None:

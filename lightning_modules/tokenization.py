@@ -95,7 +95,7 @@ def check_trained_on(directory: str | Path, trained_on: dict[str, Any]) -> None:
     if not record.is_file():
         rank_zero_warn(
             f"{directory} holds a tokenizer with no record of what it was trained on ({TRAINED_ON_FILE}, written "
-            "since hf-transformer 0.1): it is used as it is; delete the folder if it belongs to other data"
+            "since hf-transformer 0.2): it is used as it is; delete the folder if it belongs to other data"
         )
         return
     saved = json.loads(record.read_text())

@@ -17,7 +17,7 @@ from hf_transformer import TransformerConfig
 from .checkpoint import read_checkpoint
 from .data import TranslationDataModule
 from .errors import ConfigError
-from .module import TranslationModule, check_training_settings, model_config
+from .module import TranslationModule, check_resumable, check_training_settings, model_config
 
 
 def _is_not_an_advertisement(record: logging.LogRecord) -> bool:
@@ -93,7 +93,7 @@ class TranslationCLI(LightningCLI):
         # LightningCLI reads the hyperparameters of a --ckpt_path file next, and names no file when it cannot.
         ckpt_path = self.config.get(f"{self.config.get('subcommand')}.ckpt_path")
         if ckpt_path and Path(ckpt_path).is_file():
-            read_checkpoint(ckpt_path, mmap=True)
+            check_resumable(ckpt_path, read_checkpoint(ckpt_path, mmap=True))
 
     def before_instantiate_classes(self) -> None:
         # The data module is built first (the model takes the vocabulary from it) and trains a tokenizer: check the

@@ -1,6 +1,7 @@
 """Training through the `hf-transformer` command: it learns, resumes exactly, fails clearly, and exports."""
 
 import csv
+import importlib.metadata
 import math
 import os
 import signal
@@ -385,6 +386,23 @@ def test_a_checkpoint_is_written_beside_its_target_and_a_write_cut_short_leaves_
         AtomicCheckpointIO().save_checkpoint({"global_step": 3}, path)
     assert torch.load(path, weights_only=True) == {"global_step": 2}
     assert [file.name for file in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def test_a_checkpoint_of_the_old_module_layout_names_its_version_and_still_exports(run_dir):
+    fit("--trainer.max_steps=3")
+    path = run_dir / "runs/demo/checkpoints/last.ckpt"
+    checkpoint = load_checkpoint(path)
+    assert checkpoint["hf_transformer_version"] == importlib.metadata.version("hf-transformer")
+    old = run_dir / "old.ckpt"  # as 0.1.0 wrote it: the model sizes as module arguments, no version
+    del checkpoint["hf_transformer_version"]
+    checkpoint["hyper_parameters"] = {"d_model": 32, "attention_heads": 2, "lr_schedule": "noam", "peak_lr": 1e-3}
+    torch.save(checkpoint, old)
+    with pytest.raises(
+        ValueError, match=r"old\.ckpt was written by hf-transformer a version before 0\.2\.0.*attention_heads"
+    ):
+        fit("--trainer.max_steps=6", f"--ckpt_path={old}")
+    run(["export", str(old), "exports/old"])
+    assert (run_dir / "exports/old/model.safetensors").exists()
 
 
 def test_a_torn_checkpoint_is_skipped_by_averaging_and_named_by_export_and_resume(run_dir, capsys):
