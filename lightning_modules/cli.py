@@ -59,32 +59,47 @@ def export_main(argv: list[str]) -> None:
     parser.add_argument("--average", type=int, default=None, metavar="N", help="average the last N step checkpoints")
     parser.add_argument(
         "--format",
-        choices=["hf-transformer", "marian"],
+        choices=["hf-transformer", "marian", "ctranslate2"],
         default="hf-transformer",
         help="hf-transformer: this model with its code (loads with trust_remote_code=True); marian: the same model as "
-        "a stock MarianMTModel, which loads without remote code (post-LN models only). With marian, the source may "
-        "also be an exported folder.",
+        "a stock MarianMTModel, which loads without remote code (post-LN models only); ctranslate2: a CTranslate2 "
+        "model (post-LN models only; needs pip install 'hf-transformer[ctranslate2]'). With marian and ctranslate2, "
+        "the source may also be an exported folder.",
+    )
+    parser.add_argument(
+        "--quantization", help="with --format ctranslate2: the stored weight type, e.g. int8 (default: float32)"
     )
     args = parser.parse_args(argv)
-    if args.format == "marian" and Path(args.checkpoint).is_dir() and (Path(args.checkpoint) / "config.json").exists():
+    if args.quantization and args.format != "ctranslate2":
+        parser.error("--quantization applies to --format ctranslate2 only")
+    source = Path(args.checkpoint)
+    if args.format != "hf-transformer" and source.is_dir() and (source / "config.json").exists():
         from transformers import AutoTokenizer
 
-        model = TransformerForConditionalGeneration.from_pretrained(args.checkpoint)
-        print(f"Exported to {export_marian(model, AutoTokenizer.from_pretrained(args.checkpoint), args.folder)}")
-        return
-    if args.average:
-        folder = Path(args.checkpoint)
-        folder = folder if folder.is_dir() else folder.parent
-        paths = last_checkpoints(folder, args.average)
-        print(f"Averaging {len(paths)} checkpoints: {', '.join(path.name for path in paths)}")
-        checkpoint = average_checkpoints(paths)
+        model = TransformerForConditionalGeneration.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source)
     else:
-        checkpoint = load_checkpoint(args.checkpoint)
-    if args.format == "marian":
+        if args.average:
+            folder = source if source.is_dir() else source.parent
+            paths = last_checkpoints(folder, args.average)
+            print(f"Averaging {len(paths)} checkpoints: {', '.join(path.name for path in paths)}")
+            checkpoint = average_checkpoints(paths)
+        else:
+            checkpoint = load_checkpoint(source)
+        if args.format == "hf-transformer":
+            print(f"Exported to {export(checkpoint, args.folder)}")
+            return
         model, tokenizer = model_from_checkpoint(checkpoint), tokenizer_from_checkpoint(checkpoint)
-        print(f"Exported to {export_marian(model, tokenizer, args.folder)}")
-    else:
-        print(f"Exported to {export(checkpoint, args.folder)}")
+    try:
+        if args.format == "marian":
+            folder = export_marian(model, tokenizer, args.folder)
+        else:
+            from hf_transformer.ctranslate2 import to_ctranslate2
+
+            folder = to_ctranslate2(model, tokenizer, args.folder, quantization=args.quantization)
+    except (ImportError, ValueError) as err:  # ctranslate2 missing, a pre-LN model, an unknown quantization
+        parser.error(str(err))
+    print(f"Exported to {folder}")
 
 
 COMMANDS = {"export": export_main, "push": push_main}
