@@ -354,16 +354,20 @@ class PushToHubCallback(pl.Callback):
         self.best = state_dict.get("best")
 
     def _push(self, trainer: pl.Trainer, message: str) -> None:
-        # Every rank builds the checkpoint (sharded strategies gather the weights collectively); rank zero pushes.
-        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=True)
+        folder = Path(self.export_dir or Path(trainer.log_dir or trainer.default_root_dir) / "hub_export")
+        # Every rank takes part in saving (sharded strategies gather the weights collectively); rank zero pushes. The
+        # file sits beside the export, a path every rank knows without talking to the others.
+        saved = folder.parent / f".{folder.name}.ckpt"
+        trainer.save_checkpoint(saved, weights_only=True)
         if not trainer.is_global_zero:
             return
-        folder = Path(self.export_dir or Path(trainer.log_dir or trainer.default_root_dir) / "hub_export")
-        if "tokenizer" not in checkpoint:
-            logger.error(
-                "Not pushing to %s: the checkpoint has no tokenizer (train with TranslationDataModule).", self.repo_id
-            )
+        try:
+            checkpoint = load_checkpoint(saved)
+        except ValueError as err:  # no tokenizer in it: trained without TranslationDataModule
+            logger.error("Not pushing to %s: %s Train with TranslationDataModule.", self.repo_id, err)
             return
+        finally:
+            saved.unlink(missing_ok=True)
         export_replacing(checkpoint, folder, **self._card_info(trainer))
         try:
             commit = push_folder(folder, self.repo_id, private=self.private, commit_message=message)
@@ -409,8 +413,8 @@ def export_replacing(checkpoint: dict[str, Any], folder: Path, **card_info: Any)
 def _wandb_url(trainer: pl.Trainer) -> str | None:
     """The run page of an online W&B logger; offline runs have none yet."""
     for run_logger in trainer.loggers:
-        if isinstance(run_logger, WandbLogger) and not getattr(run_logger, "_offline", False):
-            return getattr(run_logger.experiment, "url", None)
+        if isinstance(run_logger, WandbLogger) and not run_logger.experiment.offline:
+            return run_logger.experiment.url
     return None
 
 
