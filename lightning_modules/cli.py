@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
+from transformers import AutoTokenizer
 
 from hf_transformer import TransformerForConditionalGeneration
 
@@ -18,6 +19,7 @@ from .checkpoint import (
     average_checkpoints,
     export,
     export_marian,
+    export_marian_from_folder,
     last_checkpoints,
     load_checkpoint,
     model_from_checkpoint,
@@ -73,29 +75,35 @@ def export_main(argv: list[str]) -> None:
     if args.quantization and args.format != "ctranslate2":
         parser.error("--quantization applies to --format ctranslate2 only")
     source = Path(args.checkpoint)
-    if args.format != "hf-transformer" and source.is_dir() and (source / "config.json").exists():
-        from transformers import AutoTokenizer
-
-        model = TransformerForConditionalGeneration.from_pretrained(source)
-        tokenizer = AutoTokenizer.from_pretrained(source)
+    from_folder = args.format != "hf-transformer" and source.is_dir() and (source / "config.json").exists()
+    if from_folder:
+        checkpoint = None
+    elif args.average:
+        folder = source if source.is_dir() else source.parent
+        paths = last_checkpoints(folder, args.average)
+        print(f"Averaging {len(paths)} checkpoints: {', '.join(path.name for path in paths)}")
+        checkpoint = average_checkpoints(paths)
     else:
-        if args.average:
-            folder = source if source.is_dir() else source.parent
-            paths = last_checkpoints(folder, args.average)
-            print(f"Averaging {len(paths)} checkpoints: {', '.join(path.name for path in paths)}")
-            checkpoint = average_checkpoints(paths)
-        else:
-            checkpoint = load_checkpoint(source)
-        if args.format == "hf-transformer":
-            print(f"Exported to {export(checkpoint, args.folder)}")
-            return
-        model, tokenizer = model_from_checkpoint(checkpoint), tokenizer_from_checkpoint(checkpoint)
+        checkpoint = load_checkpoint(source)
     try:
-        if args.format == "marian":
-            folder = export_marian(model, tokenizer, args.folder)
+        if args.format == "hf-transformer":
+            folder = export(checkpoint, args.folder)
+        elif args.format == "marian":
+            folder = (
+                export_marian_from_folder(source, args.folder)
+                if from_folder
+                else export_marian(checkpoint, args.folder)
+            )
         else:
             from hf_transformer.ctranslate2 import to_ctranslate2
 
+            if from_folder:
+                model, tokenizer = (
+                    TransformerForConditionalGeneration.from_pretrained(source),
+                    AutoTokenizer.from_pretrained(source),
+                )
+            else:
+                model, tokenizer = model_from_checkpoint(checkpoint), tokenizer_from_checkpoint(checkpoint)
             folder = to_ctranslate2(model, tokenizer, args.folder, quantization=args.quantization)
     except (ImportError, ValueError) as err:  # ctranslate2 missing, a pre-LN model, an unknown quantization
         parser.error(str(err))
