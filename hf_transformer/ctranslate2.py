@@ -1,10 +1,10 @@
 """Convert a trained model into a CTranslate2 model, and translate with it as `hf_transformer.translate` does.
 
-The model goes through its stock Marian equivalent (`to_marian`) and CTranslate2's own Transformers converter. Not its
-Marian loader, though: that one assumes an OPUS-MT model, whose decoder starts from a zero embedding with </s> as the
-start token and whose vocabulary ends with an extra <pad> row that it deletes. Ours starts from the embedding of
-`decoder_start_token_id` (<s>) and every row is a real token, so `_MarianLoader` keeps the start token and the whole
-vocabulary (CTranslate2's BART loader does both) with Marian's post-LN layout.
+The model goes through its stock Marian equivalent (`to_marian`) and a loader of CTranslate2's Transformers
+converter, though not its Marian loader: that one assumes an OPUS-MT model, whose decoder starts from a zero embedding
+with </s> as the start token and whose vocabulary ends with an extra <pad> row that it deletes. Ours starts from the
+embedding of `decoder_start_token_id` (<s>) and every row is a real token, so `_MarianLoader` keeps the start token
+and the whole vocabulary (CTranslate2's BART loader does both) with Marian's post-LN layout.
 
 Needs the optional `ctranslate2` package: `pip install 'hf-transformer[ctranslate2]'`.
 """
@@ -82,8 +82,10 @@ class CTranslate2Translator:
     """A CTranslate2 model written by `to_ctranslate2`, translating as `hf_transformer.translate` does: beam search
     (the saved generation config's beams and length penalty by default), hypotheses scored by their summed
     log-probabilities over their length (</s> included) ** length penalty, at most the source length +
-    `max_length_offset` output tokens. `options` go to `ctranslate2.Translator` (device, compute_type such as "int8",
-    intra_threads, ...)."""
+    `max_length_offset` output tokens. Greedy decoding gives the same tokens as ours. CTranslate2's beam search ends a
+    sentence once it has `num_beams` finished hypotheses, which is `generate(early_stopping=True)`; `translate()` and
+    `generate()` by default also wait until no running beam can beat them, so a few outputs may differ.
+    `options` go to `ctranslate2.Translator` (device, compute_type such as "int8", intra_threads, ...)."""
 
     def __init__(self, folder: str | Path, **options) -> None:
         self.translator = ctranslate2.Translator(str(folder), **options)
