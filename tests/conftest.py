@@ -22,6 +22,10 @@ def _offline_and_seeded(monkeypatch, tmp_path):
 
 @pytest.fixture
 def tiny_config() -> TransformerConfig:
+    return make_tiny_config()
+
+
+def make_tiny_config() -> TransformerConfig:
     return TransformerConfig(
         vocab_size=64,
         d_model=32,

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import copy_task_batch, trained_model
+from conftest import copy_task_batch, make_tiny_config, trained_model
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
@@ -34,9 +34,12 @@ def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     )
 
 
-@pytest.fixture
-def model_and_tokenizer(tiny_config):
-    return trained_model(tiny_config, steps=200), word_tokenizer(tiny_config.vocab_size)
+@pytest.fixture(scope="module")
+def model_and_tokenizer():
+    """Trained once for the module (seeded: the same model every run); no test changes it."""
+    torch.manual_seed(0)
+    config = make_tiny_config()
+    return trained_model(config, steps=200), word_tokenizer(config.vocab_size)
 
 
 @pytest.fixture
