@@ -194,6 +194,8 @@ class AutoWandbLogger(WandbLogger):
             tags=tags,
             group=group,
         )
+        # The choice, readable before the run starts (`experiment.offline` would start it).
+        self.offline, self.log_model = offline, log_model and not offline
 
 
 class LineProgress(ProgressBar):

@@ -19,7 +19,7 @@ from hf_transformer import TransformerConfig, TransformerForConditionalGeneratio
 from hf_transformer.marian import to_marian
 
 from .errors import CheckpointError, CheckpointNotFound
-from .model_card import write_model_card
+from .model_card import rewrite_model_card, write_model_card
 
 MODEL_PREFIX = "model."
 
@@ -185,13 +185,23 @@ def export(checkpoint: dict[str, Any], folder: str | Path, **card_info: Any) -> 
     return folder
 
 
-def export_marian(
-    model: TransformerForConditionalGeneration, tokenizer: PreTrainedTokenizerFast, folder: str | Path
-) -> Path:
-    """Write a folder that stock transformers loads as `MarianMTModel` (no remote code), with the tokenizer."""
+def export_marian(checkpoint: dict[str, Any], folder: str | Path, **card_info: Any) -> Path:
+    """Write a folder that stock transformers loads as `MarianMTModel` (no remote code), with the tokenizer and the
+    model card (`card_info`: the keyword arguments of `write_model_card`)."""
     folder = Path(folder)
-    to_marian(model).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    to_marian(model_from_checkpoint(checkpoint)).save_pretrained(folder)
+    tokenizer_from_checkpoint(checkpoint).save_pretrained(folder)
+    write_model_card(folder, checkpoint, format="marian", **card_info)
+    make_shareable(folder)
+    return folder
+
+
+def export_marian_from_folder(source: str | Path, folder: str | Path, repo_id: str | None = None) -> Path:
+    """`export_marian` for a folder written by `export`: its card, if it has one, is rendered for Marian."""
+    folder = Path(folder)
+    to_marian(TransformerForConditionalGeneration.from_pretrained(source)).save_pretrained(folder)
+    PreTrainedTokenizerFast.from_pretrained(source).save_pretrained(folder)
+    rewrite_model_card(source, folder, format="marian", repo_id=repo_id)
     make_shareable(folder)
     return folder
 

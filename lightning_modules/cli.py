@@ -35,6 +35,8 @@ TRAINER_COMMANDS = ("fit", "validate", "test", "predict")
 
 
 def export_main(argv: list[str]) -> None:
+    from transformers import PreTrainedTokenizerFast
+
     from hf_transformer import TransformerForConditionalGeneration
 
     from .checkpoint import (
@@ -42,6 +44,7 @@ def export_main(argv: list[str]) -> None:
         averaging_span_warning,
         export,
         export_marian,
+        export_marian_from_folder,
         last_checkpoints,
         load_checkpoint,
         model_from_checkpoint,
@@ -59,34 +62,55 @@ def export_main(argv: list[str]) -> None:
     parser.add_argument("--average", type=int, default=None, metavar="N", help="average the last N step checkpoints")
     parser.add_argument(
         "--format",
-        choices=["hf-transformer", "marian"],
+        choices=["hf-transformer", "marian", "ctranslate2"],
         default="hf-transformer",
         help="hf-transformer: this model with its code (loads with trust_remote_code=True); marian: the same model as "
-        "a stock MarianMTModel, which loads without remote code (post-LN models only). With marian, the source may "
-        "also be an exported folder.",
+        "a stock MarianMTModel, which loads without remote code (post-LN models only); ctranslate2: a CTranslate2 "
+        "model (post-LN models only; needs pip install 'hf-transformer[ctranslate2]'). With marian and ctranslate2, "
+        "the source may also be an exported folder.",
+    )
+    parser.add_argument(
+        "--quantization", help="with --format ctranslate2: the stored weight type, e.g. int8 (default: float32)"
     )
     args = parser.parse_args(argv)
-    if args.format == "marian" and Path(args.checkpoint).is_dir() and (Path(args.checkpoint) / "config.json").exists():
-        from transformers import AutoTokenizer
-
-        model = TransformerForConditionalGeneration.from_pretrained(args.checkpoint)
-        print(f"Exported to {export_marian(model, AutoTokenizer.from_pretrained(args.checkpoint), args.folder)}")
-        return
-    if args.average:
-        folder = Path(args.checkpoint)
-        folder = folder if folder.is_dir() else folder.parent
+    if args.quantization and args.format != "ctranslate2":
+        parser.error("--quantization applies to --format ctranslate2 only")
+    source = Path(args.checkpoint)
+    from_folder = args.format != "hf-transformer" and source.is_dir() and (source / "config.json").exists()
+    if from_folder:
+        checkpoint = None
+    elif args.average:
+        folder = source if source.is_dir() else source.parent
         checkpoint = average_checkpoints(last_checkpoints(folder, args.average))
         steps = checkpoint["averaged_steps"]
         print(f"Averaged {len(steps)} checkpoints of {folder}, steps {', '.join(map(str, steps))}")
         if warning := averaging_span_warning(steps):
             print(f"Warning: {warning}", file=sys.stderr)
     else:
-        checkpoint = load_checkpoint(args.checkpoint)
-    if args.format == "marian":
-        model, tokenizer = model_from_checkpoint(checkpoint), tokenizer_from_checkpoint(checkpoint)
-        print(f"Exported to {export_marian(model, tokenizer, args.folder)}")
-    else:
-        print(f"Exported to {export(checkpoint, args.folder)}")
+        checkpoint = load_checkpoint(source)
+    try:
+        if args.format == "hf-transformer":
+            folder = export(checkpoint, args.folder)
+        elif args.format == "marian":
+            folder = (
+                export_marian_from_folder(source, args.folder)
+                if from_folder
+                else export_marian(checkpoint, args.folder)
+            )
+        else:
+            from hf_transformer.ctranslate2 import to_ctranslate2
+
+            if from_folder:
+                model = TransformerForConditionalGeneration.from_pretrained(source)
+                tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
+            else:
+                model, tokenizer = model_from_checkpoint(checkpoint), tokenizer_from_checkpoint(checkpoint)
+            folder = to_ctranslate2(model, tokenizer, args.folder, quantization=args.quantization)
+    except (ImportError, ValueError) as err:  # ctranslate2 missing, a pre-LN model, an unknown quantization
+        if isinstance(err, UserError):
+            raise
+        raise UserError(str(err)) from err
+    print(f"Exported to {folder}")
 
 
 def push_main(argv: list[str]) -> None:

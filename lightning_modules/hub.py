@@ -28,8 +28,8 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from .checkpoint import export, load_checkpoint
-from .model_card import CARD_NAME, retarget_model_card
+from .checkpoint import export, export_marian, export_marian_from_folder, load_checkpoint
+from .model_card import CARD_FORMATS, CARD_NAME, rewrite_model_card
 
 logger = logging.getLogger(__name__)
 
@@ -177,12 +177,14 @@ def push_source(
     create_pr: bool = False,
     results: dict[str, float] | None = None,
     wandb_url: str | None = None,
+    format: str = "hf-transformer",
 ) -> CommitInfo:
     """Push a training checkpoint (exported with its model card into a temporary folder first) or a folder written by
     `hf-transformer export` (pushed through a temporary view whose card names `repo_id`; the folder is only read).
 
-    `results` (logged metric name -> value, e.g. `test_scores.json` of `hf-transformer test`) and `wandb_url` go into
-    the card of a checkpoint. Every failure is a `HubError`.
+    `format` "marian" pushes the model as a stock `MarianMTModel` (converted from a checkpoint or an hf-transformer
+    folder; a Marian folder is pushed as it is). `results` (logged metric name -> value, e.g. `test_scores.json` of
+    `hf-transformer test`) and `wandb_url` go into the card of a checkpoint. Every failure is a `HubError`.
     """
     source = Path(source)
     check_repo_id(repo_id)
@@ -192,6 +194,8 @@ def push_source(
             f"Cannot push {source}: no such file or folder. Pass a .ckpt file written by training or a folder written "
             "by `hf-transformer export`."
         )
+    if format not in CARD_FORMATS:
+        raise HubError(f"Unknown format {format!r}: push one of {', '.join(CARD_FORMATS)}.")
     if source.is_dir() and (results or wandb_url):
         raise HubError(
             f"{source} is an exported folder with its model card already written: --results and --wandb-url only "
@@ -199,12 +203,16 @@ def push_source(
         )
     with tempfile.TemporaryDirectory(prefix="hf-transformer-push-") as tmp:
         staged = Path(tmp) / (source.name if source.is_dir() else source.stem)
-        if source.is_dir():
-            check_export_folder(source)
-            _stage_folder(source, staged)
-            retarget_model_card(staged, repo_id)
-        else:
-            export(_read_checkpoint(source), staged, repo_id=repo_id, results=results, wandb_url=wandb_url)
+        card_info = dict(repo_id=repo_id, results=results, wandb_url=wandb_url)
+        try:
+            if source.is_dir():
+                _stage_export_folder(source, staged, repo_id, format)
+            elif format == "marian":
+                export_marian(_read_checkpoint(source), staged, **card_info)
+            else:
+                export(_read_checkpoint(source), staged, **card_info)
+        except ValueError as err:  # a model Marian cannot express
+            raise HubError(f"Cannot push {source} as {format}: {err}") from err
         try:
             return push_folder(
                 staged,
@@ -234,6 +242,7 @@ def push_main(argv: list[str]) -> None:
             create_pr=args.create_pr,
             results=results,
             wandb_url=args.wandb_url,
+            format=args.format,
         )
     except HubError as err:
         print(f"hf-transformer push: error: {err}", file=sys.stderr)
@@ -258,6 +267,13 @@ def _push_parser() -> argparse.ArgumentParser:
         "--results", metavar="JSON", help="scores for the model card, e.g. test_scores.json of `hf-transformer test`"
     )
     parser.add_argument("--wandb-url", help="link of the training run's W&B page, for the model card")
+    parser.add_argument(
+        "--format",
+        choices=CARD_FORMATS,
+        default="hf-transformer",
+        help="hf-transformer: the model with its code (loads with trust_remote_code=True); marian: a stock "
+        "MarianMTModel, which loads without remote code (post-LN models only)",
+    )
     return parser
 
 
@@ -274,6 +290,24 @@ def _read_results(path: Path) -> dict[str, float]:
         return {str(name): float(value) for name, value in results.items()}
     except (OSError, ValueError, TypeError, AttributeError) as err:
         raise HubError(f"--results {path}: expected a JSON object of metric name -> number ({err}).") from err
+
+
+def _stage_export_folder(source: Path, staged: Path, repo_id: str, format: str) -> None:
+    """The folder to push for an exported `source`: a view of it, or its Marian conversion, with the card (if it has
+    one) rendered for `repo_id`."""
+    check_export_folder(source)
+    source_format = "marian" if _model_type(source) == "marian" else "hf-transformer"
+    if format == "marian" and source_format == "hf-transformer":
+        export_marian_from_folder(source, staged, repo_id=repo_id)
+        return
+    if format != source_format:
+        raise HubError(f"{source} holds a stock Marian model: push it with --format marian.")
+    _stage_folder(source, staged)
+    rewrite_model_card(source, staged, format=format, repo_id=repo_id)
+
+
+def _model_type(folder: Path) -> str | None:
+    return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
 
 
 def _stage_folder(folder: Path, staged: Path) -> None:
@@ -354,16 +388,20 @@ class PushToHubCallback(pl.Callback):
         self.best = state_dict.get("best")
 
     def _push(self, trainer: pl.Trainer, message: str) -> None:
-        # Every rank builds the checkpoint (sharded strategies gather the weights collectively); rank zero pushes.
-        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=True)
+        folder = Path(self.export_dir or Path(trainer.log_dir or trainer.default_root_dir) / "hub_export")
+        # Every rank takes part in saving (sharded strategies gather the weights collectively); rank zero pushes. The
+        # file sits beside the export, a path every rank knows without talking to the others.
+        saved = folder.parent / f".{folder.name}.ckpt"
+        trainer.save_checkpoint(saved, weights_only=True)
         if not trainer.is_global_zero:
             return
-        folder = Path(self.export_dir or Path(trainer.log_dir or trainer.default_root_dir) / "hub_export")
-        if "tokenizer" not in checkpoint:
-            logger.error(
-                "Not pushing to %s: the checkpoint has no tokenizer (train with TranslationDataModule).", self.repo_id
-            )
+        try:
+            checkpoint = load_checkpoint(saved)
+        except ValueError as err:  # no tokenizer in it: trained without TranslationDataModule
+            logger.error("Not pushing to %s: %s Train with TranslationDataModule.", self.repo_id, err)
             return
+        finally:
+            saved.unlink(missing_ok=True)
         export_replacing(checkpoint, folder, **self._card_info(trainer))
         try:
             commit = push_folder(folder, self.repo_id, private=self.private, commit_message=message)
@@ -409,8 +447,8 @@ def export_replacing(checkpoint: dict[str, Any], folder: Path, **card_info: Any)
 def _wandb_url(trainer: pl.Trainer) -> str | None:
     """The run page of an online W&B logger; offline runs have none yet."""
     for run_logger in trainer.loggers:
-        if isinstance(run_logger, WandbLogger) and not getattr(run_logger, "_offline", False):
-            return getattr(run_logger.experiment, "url", None)
+        if isinstance(run_logger, WandbLogger) and not run_logger.experiment.offline:
+            return run_logger.experiment.url
     return None
 
 

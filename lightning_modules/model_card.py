@@ -4,12 +4,14 @@ A checkpoint of `TranslationModule` carries the module's arguments (`hyper_param
 (`datamodule_hyper_parameters`: dataset, language pair, batch size), the model config (`hf_config`), the decoding
 settings (`generation_config`) and the step count. Evaluation scores, the W&B run link and the compute used are not in
 it: the caller passes them (the push callback takes them from the trainer, `hf-transformer push` from `--results`).
+The card is rendered from `model_card_template.md`, a Jinja template, by `huggingface_hub.ModelCard.from_template`.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +27,12 @@ from hf_transformer.configuration_transformer import MIN_TRANSFORMERS_VERSION
 CARD_NAME = "README.md"
 DEFAULT_LICENSE = "apache-2.0"
 SYNTHETIC_DATASET = "synthetic"
-# The snippet names the model on one line of this form, so that a card written for a local folder can be pointed at
-# the repo it is pushed to (`retarget_model_card`).
-_MODEL_ID_LINE = re.compile(r'^model_id = (?P<id>".*")$', flags=re.MULTILINE)
+# The facts a card is rendered from, saved beside it so that `rewrite_model_card` renders it for a repo or format.
+CARD_FACTS = "hf_transformer_card.json"
+CARD_FORMATS = ("hf-transformer", "marian")
+TEMPLATE = Path(__file__).with_name("model_card_template.md")
+# What the card reads from a checkpoint (small values only: no weights).
+_CHECKPOINT_KEYS = ("hyper_parameters", "datamodule_hyper_parameters", "hf_config", "generation_config", "global_step")
 # Table rows of the evaluation section: metric key suffix -> column title.
 _SCORES = {"bleu": "BLEU", "chrf": "chrF", "loss": "Loss (nats/token)", "perplexity": "Perplexity"}
 _STAGES = {"test": "test_split", "val": "validation_split"}
@@ -44,6 +49,7 @@ def write_model_card(
     folder: str | Path,
     checkpoint: dict[str, Any],
     *,
+    format: str = "hf-transformer",
     repo_id: str | None = None,
     results: dict[str, float] | None = None,
     wandb_url: str | None = None,
@@ -53,51 +59,73 @@ def write_model_card(
     license: str = DEFAULT_LICENSE,
     example: str | None = None,
 ) -> Path:
-    """Write `folder/README.md` for the model exported from `checkpoint` and return its path.
+    """Write `folder/README.md` for the model exported from `checkpoint` in `format` ("hf-transformer" or "marian")
+    and return its path; the facts it is rendered from go to `folder/hf_transformer_card.json`, from which
+    `rewrite_model_card` renders it again for another repo or format.
 
     `repo_id` is the Hub repo the card's usage snippet loads (default: the folder's absolute path, so the snippet runs
     as written against the local export; `hf-transformer push` points it at the repo). `results` maps logged metric
     names (`test/bleu`, `val/chrf`, `test/loss`, ...) to values. `dataset` and `language_pair` default to the data
     module's arguments saved in the checkpoint.
     """
+    facts = {
+        "checkpoint": {key: checkpoint.get(key) for key in _CHECKPOINT_KEYS},
+        "results": results or {},
+        "wandb_url": wandb_url,
+        "compute": compute,
+        "dataset": dataset,
+        "language_pair": language_pair,
+        "license": license,
+        "example": example,
+    }
     folder = Path(folder)
-    run = _RunFacts(checkpoint, dataset=dataset, language_pair=language_pair)
+    # default=list: tuples (Adam's betas) come back as lists, which the card prints the same way.
+    (folder / CARD_FACTS).write_text(json.dumps(facts, indent=2, default=list) + "\n", encoding="utf-8")
+    return _render(folder, facts, format, repo_id)
+
+
+def rewrite_model_card(source: str | Path, folder: str | Path, *, format: str, repo_id: str | None = None) -> bool:
+    """Render the card of the export in `source` again into `folder` (which may be `source`), for `repo_id` and
+    `format`, from the facts `write_model_card` saved. Returns False (and writes nothing) when `source` has none."""
+    path = Path(source) / CARD_FACTS
+    if not path.is_file():
+        return False
+    facts = json.loads(path.read_text(encoding="utf-8"))
+    if not (Path(folder) / CARD_FACTS).exists():  # a staged copy may hard-link it: never write through the link
+        shutil.copyfile(path, Path(folder) / CARD_FACTS)
+    _render(Path(folder), facts, format, repo_id)
+    return True
+
+
+def _render(folder: Path, facts: dict[str, Any], format: str, repo_id: str | None) -> Path:
+    if format not in CARD_FORMATS:
+        raise ValueError(f"Unknown model format {format!r}: the card knows {', '.join(CARD_FORMATS)}.")
+    language_pair = facts["language_pair"]
+    run = _RunFacts(facts["checkpoint"], facts["dataset"], tuple(language_pair) if language_pair else None)
+    results = facts["results"]
     model_id = repo_id or str(folder.resolve())
     name = _model_name(model_id)
-    metadata = _metadata(run, name, results or {}, license)
-    body = "\n".join(
-        [
-            f"# {name}",
-            "",
-            _summary(run),
-            _architecture(run),
-            _training(run, compute, wandb_url),
-            _evaluation(run, results or {}),
-            _usage(model_id, example or _EXAMPLES.get(run.source_lang, _EXAMPLES["en"])),
-        ]
+    card = ModelCard.from_template(
+        _metadata(run, name, results, facts["license"], format),
+        template_path=str(TEMPLATE),
+        format=format,
+        name=name,
+        source_lang=run.source_lang,
+        target_lang=run.target_lang,
+        dataset_label=run.dataset_label,
+        architecture=_architecture(run),
+        training=_training(run, facts["compute"]),
+        wandb_url=facts["wandb_url"],
+        evaluation=_evaluation(run, results),
+        bleu_signature=bleu_signature(),
+        chrf_signature=chrf_signature(),
+        requirement=f"transformers>={MIN_TRANSFORMERS_VERSION},<6",
+        model_id=model_id,
+        example=facts["example"] or _EXAMPLES.get(run.source_lang, _EXAMPLES["en"]),
     )
-    card = ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n{body}")
     path = folder / CARD_NAME
     card.save(path)
     return path
-
-
-def retarget_model_card(folder: str | Path, repo_id: str) -> bool:
-    """Point a card written by `write_model_card` at `repo_id`: snippet, fine-tuning hint, title and model-index name.
-    Returns False (and changes nothing) when `folder` has no such card."""
-    path = Path(folder) / CARD_NAME
-    if not path.is_file():
-        return False
-    card = ModelCard.load(path)
-    match = _MODEL_ID_LINE.search(card.text)
-    if match is None:
-        return False
-    old_id = json.loads(match.group("id"))
-    old_name, new_name = _model_name(old_id), _model_name(repo_id)
-    card.text = card.text.replace(f"# {old_name}\n", f"# {new_name}\n", 1).replace(old_id, repo_id)
-    card.data.model_name = new_name
-    card.save(path)
-    return True
 
 
 def bleu_signature() -> str:
@@ -184,14 +212,16 @@ def _language_code(lang: str) -> str | None:
 # --- metadata ----------------------------------------------------------------------------------------------------
 
 
-def _metadata(run: _RunFacts, name: str, results: dict[str, float], license: str) -> ModelCardData:
+def _metadata(run: _RunFacts, name: str, results: dict[str, float], license: str, format: str) -> ModelCardData:
     languages = [code for code in map(_language_code, (run.source_lang, run.target_lang)) if code]
+    # custom_code: the Hub shows that loading runs the repo's code; a Marian export runs none.
+    own_tags = ["custom_code"] if format == "hf-transformer" else ["marian"]
     return ModelCardData(
         language=languages or None,
         license=license,
         library_name="transformers",
         pipeline_tag="translation",
-        tags=["translation", "transformer", "encoder-decoder", "vaswani-transformer", "hf-transformer", "custom_code"],
+        tags=["translation", "transformer", "encoder-decoder", "vaswani-transformer", "hf-transformer", *own_tags],
         datasets=[run.hub_dataset] if run.hub_dataset else None,
         base_model=run.base_model,
         metrics=["bleu", "chrf"],
@@ -230,26 +260,12 @@ def _eval_results(run: _RunFacts, results: dict[str, float]) -> list[EvalResult]
 # --- body ----------------------------------------------------------------------------------------------------------
 
 
-def _table(rows: list[tuple[str, Any]], header: tuple[str, str] = ("", "")) -> str:
-    lines = [f"| {header[0]} | {header[1]} |", "|---|---|"]
-    lines += [f"| {key} | {value} |" for key, value in rows]
-    return "\n".join(lines) + "\n"
-
-
-def _summary(run: _RunFacts) -> str:
-    return (
-        f"The encoder-decoder Transformer of *Attention Is All You Need* (Vaswani et al., 2017), implemented from "
-        f"scratch and trained with PyTorch Lightning by hf-transformer, translating **{run.source_lang}** to "
-        f"**{run.target_lang}**, trained on {run.dataset_label}.\n"
-    )
-
-
-def _architecture(run: _RunFacts) -> str:
+def _architecture(run: _RunFacts) -> list[tuple[str, Any]]:
     config = run.config
     norm = "pre-LN (LayerNorm before each sub-layer)" if config.normalize_before else "post-LN, as in the paper"
     tied = "shared source/target embeddings tied with the output projection" if config.tie_word_embeddings else ""
     preset = run.hparams.get("preset")
-    rows = [
+    return [
         ("Preset the sizes start from", f"`{preset}` (Table 3)" if preset else "-"),
         ("Layers (encoder / decoder)", f"{config.encoder_layers} / {config.decoder_layers}"),
         ("d_model", config.d_model),
@@ -261,10 +277,9 @@ def _architecture(run: _RunFacts) -> str:
         ("Positions", f"sinusoidal, up to {config.max_position_embeddings} tokens"),
         ("Parameters", _count(run.num_parameters)),
     ]
-    return "## Architecture\n\n" + _table(rows, ("", "Value"))
 
 
-def _training(run: _RunFacts, compute: str | None, wandb_url: str | None) -> str:
+def _training(run: _RunFacts, compute: str | None) -> list[tuple[str, Any]]:
     hp, data = run.hparams, run.data
     rows = []
     if hp:
@@ -286,10 +301,7 @@ def _training(run: _RunFacts, compute: str | None, wandb_url: str | None) -> str
     if compute:
         rows.append(("Compute", compute))
     rows.append(("Decoding", _decoding(run)))
-    text = "## Training\n\n" + _table(rows, ("Hyperparameter", "Value"))
-    if wandb_url:
-        text += f"\nTraining curves and samples: [W&B run]({wandb_url}).\n"
-    return text
+    return rows
 
 
 def _schedule(hp: dict[str, Any]) -> str:
@@ -310,23 +322,17 @@ def _decoding(run: _RunFacts) -> str:
     return text + " (`generation_config.json`)"
 
 
-def _evaluation(run: _RunFacts, results: dict[str, float]) -> str:
-    text = "## Evaluation\n\n"
+def _evaluation(run: _RunFacts, results: dict[str, float]) -> dict[str, list] | None:
+    """The evaluation table: score columns and one row of cells per evaluated split; None without results."""
     splits = [stage for stage in _STAGES if any(f"{stage}/{metric}" in results for metric in _SCORES)]
     if not splits:
-        return text + "No evaluation results were recorded with this export.\n"
+        return None
     metrics = [metric for metric in _SCORES if any(f"{stage}/{metric}" in results for stage in splits)]
-    lines = ["| Split | " + " | ".join(_SCORES[metric] for metric in metrics) + " |", "|---" * (len(metrics) + 1) + "|"]
-    for stage in splits:
-        cells = [_format_score(results.get(f"{stage}/{metric}")) for metric in metrics]
-        lines.append(f"| {run.data.get(_STAGES[stage], stage)} | " + " | ".join(cells) + " |")
-    text += "\n".join(lines) + "\n"
-    text += (
-        f"\nCorpus-level scores on {run.dataset_label}: the model's beam-search translations (decoding above), "
-        "detokenized, against one reference each. "
-        f"BLEU signature: `{bleu_signature()}`; chrF signature: `{chrf_signature()}`.\n"
-    )
-    return text
+    rows = [
+        (run.data.get(_STAGES[stage], stage), [_format_score(results.get(f"{stage}/{metric}")) for metric in metrics])
+        for stage in splits
+    ]
+    return {"columns": [_SCORES[metric] for metric in metrics], "rows": rows}
 
 
 def _count(number: int) -> str:
@@ -340,38 +346,3 @@ def _format_score(value: float | None) -> str:
 
 def _model_name(model_id: str) -> str:
     return Path(model_id).name or model_id
-
-
-def _model_id_line(model_id: str) -> str:
-    # JSON string syntax is valid Python and always double-quoted, which `_MODEL_ID_LINE` relies on.
-    return f"model_id = {json.dumps(model_id)}"
-
-
-def _usage(model_id: str, example: str) -> str:
-    code = f"""\
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
-
-{_model_id_line(model_id)}
-# The model's code (modeling_transformer.py and friends) comes with the weights: trust_remote_code runs it.
-tokenizer = AutoTokenizer.from_pretrained(model_id, trust_remote_code=True)
-model = AutoModelForSeq2SeqLM.from_pretrained(model_id, trust_remote_code=True)
-
-inputs = tokenizer([{json.dumps(example)}], return_tensors="pt", padding=True)
-output_ids = model.generate(**inputs)  # the decoding settings come from generation_config.json
-print(tokenizer.batch_decode(output_ids, skip_special_tokens=True))
-
-translator = pipeline("translation", model=model_id, trust_remote_code=True)
-print(translator([{json.dumps(example)}]))
-"""
-    requirement = f"transformers>={MIN_TRANSFORMERS_VERSION},<6"
-    return (
-        "## Usage\n\n"
-        f"Needs torch and `{requirement}` (`pip install -U torch '{requirement}'`); older "
-        "releases stop with a message saying so.\n\n"
-        f"```python\n{code}```\n\n"
-        "With the `hf_transformer` package installed, `import hf_transformer` registers the model with the Auto "
-        "classes: `AutoModelForSeq2SeqLM.from_pretrained(model_id)` then needs no `trust_remote_code`, and "
-        '`pipeline("translation", model=model_id, pipeline_class=hf_transformer.TranslationPipeline)` neither. '
-        "To fine-tune it with hf-transformer: `hf-transformer fit --config ... --model.init_from "
-        f"{model_id} --data.tokenizer {model_id}`.\n"
-    )

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_transformer import TransformerConfig
+from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
 from lightning_modules import TranslationDataModule, TranslationModule
 from lightning_modules.tokenization import train_bpe_tokenizer
 
@@ -24,6 +24,10 @@ def _offline_and_seeded(monkeypatch, tmp_path):
 
 @pytest.fixture
 def tiny_config() -> TransformerConfig:
+    return make_tiny_config()
+
+
+def make_tiny_config() -> TransformerConfig:
     return TransformerConfig(
         vocab_size=64,
         d_model=32,
@@ -68,6 +72,36 @@ def tiny_module(
     """A `TINY_MODEL` training module (`config`: more TransformerConfig fields); given `data`, with its tokenizer."""
     tokenizer = data.tokenizer if data is not None else None
     return TranslationModule(tokenizer=tokenizer, config={**TINY_MODEL, **(config or {})}, **overrides)
+
+
+SOURCE_LENGTH = 9
+
+
+def copy_task_batch(size: int, vocab_size: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Random sources of 2-8 tokens plus </s> (id 2), right-padded with <pad> (id 0); the target is the source."""
+    lengths = torch.randint(2, SOURCE_LENGTH, (size,), generator=generator)
+    positions = torch.arange(SOURCE_LENGTH)
+    tokens = torch.randint(3, vocab_size, (size, SOURCE_LENGTH), generator=generator)
+    source = torch.where(positions < lengths[:, None], tokens, 0)
+    source[torch.arange(size), lengths] = 2
+    attention_mask = (positions <= lengths[:, None]).long()
+    return source, attention_mask, source.masked_fill(attention_mask == 0, -100)
+
+
+def trained_model(config: TransformerConfig, steps: int = 60) -> TransformerForConditionalGeneration:
+    """A model trained for a few steps to copy its input: its outputs vary from token to token and from row to row,
+    and end with </s> at different lengths, so generation exercises finished beams and padding (a freshly initialised
+    model repeats one token until max_length)."""
+    model = TransformerForConditionalGeneration(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        source, attention_mask, labels = copy_task_batch(32, config.vocab_size, generator)
+        loss = model(input_ids=source, attention_mask=attention_mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
 
 
 def multi30k_dir() -> str:

@@ -102,3 +102,27 @@ def test_quality_report_runs_on_a_short_run(run_dir):
     report = json.loads(out.read_text())
     assert {"last_checkpoint", "average_last_2"} <= set(report)
     assert (run_dir / "multi30k_learning_curve.png").exists()
+
+
+@pytest.mark.slow
+def test_deploy_benchmark_runs_on_a_short_run(run_dir):
+    multi30k_dir()
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed: pip install 'hf-transformer[ctranslate2]'")
+    # The demo tokenizer splits Multi30k English into many tokens (up to 129 for these 8): room for them and outputs.
+    main(
+        [
+            "fit",
+            "--config",
+            str(DEMO),
+            "--config",
+            "tiny.yaml",
+            "--trainer.max_steps=3",
+            "--model.max_position_embeddings=512",
+        ]
+    )
+    main(["export", "runs/demo/checkpoints/last.ckpt", "exported"])
+    out = run_dir / "deploy.json"
+    run(str(BENCHMARKS / "deploy.py"), "--model", "exported", "--limit", "8", "--repeats", "1", "--out", str(out))
+    engines = json.loads(out.read_text())["engines"]
+    assert set(engines) == {"ctranslate2 int8", "ctranslate2 float32", "translate()", "generate() loop"}
+    assert all(entry["sentences_per_sec"] > 0 for entry in engines.values())

@@ -277,6 +277,56 @@ def test_the_cards_usage_snippet_runs_as_written_against_the_repo(
     ]
 
 
+@pytest.mark.parametrize("source", ["checkpoint", "exported folder"])
+def test_marian_format_loads_by_repo_id_with_stock_marian_and_its_card_snippet_runs(
+    hub_endpoint: FakeHub, checkpoint_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], source: str
+) -> None:
+    """`push --format marian`: stock `MarianMTModel` loads the repo by id where this package is not installed, no
+    remote code, and decodes as the checkpoint does; the card's Marian snippet runs as written."""
+    if source == "checkpoint":
+        pushed_from = checkpoint_path
+    else:
+        pushed_from = tmp_path / "export"
+        main(["export", str(checkpoint_path), str(pushed_from)])
+    status, _, err = push(str(pushed_from), REPO, "--format", "marian", capsys=capsys)
+
+    assert status == 0, err
+    files = repo_files(hub_endpoint)
+    assert json.loads(files["config.json"])["model_type"] == "marian"
+    assert not any(name.endswith(".py") for name in files)  # no code travels with it
+    card = files["README.md"].decode()
+    assert "custom_code" not in ModelCard(card).data.tags and str(tmp_path) not in card
+    snippet = re.search(r"```python\n(.*?)```", card, flags=re.DOTALL).group(1)
+    assert f'model_id = "{REPO}"' in snippet and "MarianMTModel.from_pretrained(model_id)" in snippet
+    assert "trust_remote_code" not in snippet
+
+    without_the_package = 'import sys\nsys.modules["hf_transformer"] = sys.modules["lightning_modules"] = None\n'
+    result = run_without_the_package(tmp_path, without_the_package + snippet)
+
+    checkpoint = load_checkpoint(checkpoint_path)
+    tokenizer, model = tokenizer_from_checkpoint(checkpoint), model_from_checkpoint(checkpoint)
+    example = json.loads(re.search(r"tokenizer\(\[(.*?)\]", snippet).group(1))
+    output_ids = model.generate(**tokenizer([example], return_tensors="pt", padding=True))
+    assert result.stdout.splitlines()[-1] == repr(tokenizer.batch_decode(output_ids, skip_special_tokens=True))
+
+
+def test_a_marian_folder_pushes_as_marian_only_with_its_card_pointing_at_the_repo(
+    hub_endpoint: FakeHub, checkpoint_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "marian"
+    main(["export", str(checkpoint_path), str(folder), "--format", "marian"])
+    assert f'model_id = "{folder.resolve()}"' in (folder / "README.md").read_text()
+
+    status, _, err = push(str(folder), REPO, capsys=capsys)
+    assert status == 1 and "holds a stock Marian model: push it with --format marian" in err
+
+    status, _, err = push(str(folder), REPO, "--format", "marian", capsys=capsys)
+    assert status == 0, err
+    card = repo_files(hub_endpoint)["README.md"].decode()
+    assert f'model_id = "{REPO}"' in card and "MarianMTModel.from_pretrained(model_id)" in card
+    assert f'model_id = "{folder.resolve()}"' in (folder / "README.md").read_text()  # the folder is only read
+
+
 def test_with_the_package_installed_no_remote_code_is_needed_and_training_can_start_from_the_repo(
     hub_endpoint: FakeHub, checkpoint_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -5,10 +5,11 @@ import json
 
 import pytest
 import torch
+from conftest import copy_task_batch, trained_model
 from transformers import AutoModelForSeq2SeqLM, GenerationConfig, MarianMTModel
 from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 
-from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
+from hf_transformer import TransformerForConditionalGeneration
 from hf_transformer.marian import marian_permutation, to_marian
 from hf_transformer.modeling_transformer import SinusoidalPositionalEncoding
 
@@ -21,35 +22,6 @@ CASES = {
     "odd-d_model": dict(d_model=33, encoder_attention_heads=3, decoder_attention_heads=11),
 }
 CASES["unequal-stacks-untied"]["tie_word_embeddings"] = False
-
-SOURCE_LENGTH = 9
-
-
-def copy_task_batch(size: int, vocab_size: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
-    """Random sources of 2-8 tokens plus </s> (id 2), right-padded with <pad> (id 0); the target is the source."""
-    lengths = torch.randint(2, SOURCE_LENGTH, (size,), generator=generator)
-    positions = torch.arange(SOURCE_LENGTH)
-    tokens = torch.randint(3, vocab_size, (size, SOURCE_LENGTH), generator=generator)
-    source = torch.where(positions < lengths[:, None], tokens, 0)
-    source[torch.arange(size), lengths] = 2
-    attention_mask = (positions <= lengths[:, None]).long()
-    return source, attention_mask, source.masked_fill(attention_mask == 0, -100)
-
-
-def trained_model(config: TransformerConfig, steps: int = 60) -> TransformerForConditionalGeneration:
-    """A model trained for a few steps to copy its input: its outputs vary from token to token and from row to row,
-    and end with </s> at different lengths, so generation exercises finished beams and padding (a freshly initialised
-    model repeats one token until max_length)."""
-    model = TransformerForConditionalGeneration(config)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        source, attention_mask, labels = copy_task_batch(32, config.vocab_size, generator)
-        loss = model(input_ids=source, attention_mask=attention_mask, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.eval()
 
 
 def export_and_reload(model: TransformerForConditionalGeneration, folder) -> MarianMTModel:

@@ -120,7 +120,7 @@ def offline_run(tmp_path_factory) -> tuple[list[wandb_internal_pb2.Record], Path
         pl.seed_everything(0, verbose=False)
         data = tiny_data(tmp_path, **RUN_DATA)
         logger = AutoWandbLogger(save_dir=str(tmp_path), name="test-run")
-        assert logger._offline
+        assert logger.offline
         trainer = pl.Trainer(
             accelerator="cpu",
             max_steps=TRAIN_STEPS,
@@ -204,16 +204,16 @@ def test_logger_is_offline_without_credentials(no_credentials):
     """Without credentials the run goes to disk instead of failing at login; model upload is off, since W&B refuses it
     offline."""
     logger = AutoWandbLogger(save_dir=str(no_credentials), log_model=True)
-    assert logger._offline is True
-    assert logger._log_model is False
+    assert logger.offline is True
+    assert logger.log_model is False
 
 
 def test_logger_is_online_with_an_api_key(no_credentials, monkeypatch):
     """WANDB_API_KEY is enough to log online (no run is started here)."""
     monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
     logger = AutoWandbLogger(save_dir=str(no_credentials), log_model=True)
-    assert logger._offline is False
-    assert logger._log_model is True
+    assert logger.offline is False
+    assert logger.log_model is True
 
 
 def test_logger_is_online_with_a_netrc_login(no_credentials):
@@ -221,14 +221,14 @@ def test_logger_is_online_with_a_netrc_login(no_credentials):
     netrc = no_credentials / ".netrc"
     netrc.write_text(f"machine api.wandb.ai\n  login user\n  password {'0' * 40}\n")
     netrc.chmod(0o600)  # netrc refuses files that others can read
-    assert AutoWandbLogger(save_dir=str(no_credentials))._offline is False
+    assert AutoWandbLogger(save_dir=str(no_credentials)).offline is False
 
 
 @pytest.mark.parametrize("mode", ["offline", "dryrun"])
 def test_wandb_mode_offline_wins_over_credentials(no_credentials, monkeypatch, mode):
     monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
     monkeypatch.setenv("WANDB_MODE", mode)
-    assert AutoWandbLogger(save_dir=str(no_credentials))._offline is True
+    assert AutoWandbLogger(save_dir=str(no_credentials)).offline is True
 
 
 def test_a_wandb_config_without_wandb_installed_says_how_to_install_it(no_credentials, monkeypatch):

@@ -1,0 +1,147 @@
+"""Convert a trained model into a CTranslate2 model, and translate with it as `hf_transformer.translate` does.
+
+The model goes through its stock Marian equivalent (`to_marian`) and a loader of CTranslate2's Transformers
+converter, though not its Marian loader: that one assumes an OPUS-MT model, whose decoder starts from a zero embedding
+with </s> as the start token and whose vocabulary ends with an extra <pad> row that it deletes. Ours starts from the
+embedding of `decoder_start_token_id` (<s>) and every row is a real token, so `_MarianLoader` keeps the start token
+and the whole vocabulary (CTranslate2's BART loader does both) with Marian's post-LN layout.
+
+Needs the optional `ctranslate2` package: `pip install 'hf-transformer[ctranslate2]'`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from pathlib import Path
+
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+
+from .marian import to_marian
+from .modeling_transformer import TransformerForConditionalGeneration
+
+try:
+    import ctranslate2
+    from ctranslate2.converters.transformers import BartLoader
+except ImportError as err:
+    raise ImportError(
+        "The CTranslate2 export needs the ctranslate2 package: pip install 'hf-transformer[ctranslate2]' "
+        "(or pip install ctranslate2)."
+    ) from err
+
+__all__ = ["CTranslate2Translator", "to_ctranslate2"]
+
+# What `quantization` may be: CTranslate2's weight types (`ctranslate2.converters.Converter.convert`).
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
+
+
+class _MarianLoader(BartLoader):
+    """CTranslate2's BART loader with Marian's layout: post-LN, no LayerNorm on the embeddings. The BART loader
+    starts the decoder from `decoder_start_token_id` and keeps every vocabulary row, as our model needs."""
+
+    def get_model_spec(self, model):
+        model.config.normalize_before = False
+        model.config.normalize_embedding = False
+        return super().get_model_spec(model)
+
+
+def to_ctranslate2(
+    model: TransformerForConditionalGeneration,
+    tokenizer: PreTrainedTokenizerBase,
+    folder: str | Path,
+    *,
+    quantization: str | None = None,
+) -> Path:
+    """Write a CTranslate2 model of `model` into `folder`, with the tokenizer and the generation config that
+    `CTranslate2Translator` reads. `quantization` (e.g. "int8") sets the stored weight type; None keeps float32.
+    Raises ValueError for models Marian cannot express (pre-LN) and for a tokenizer that does not fit the model."""
+    if quantization not in (None, *QUANTIZATIONS):
+        raise ValueError(f"Unknown quantization {quantization!r}: use one of {', '.join(QUANTIZATIONS)}, or none.")
+    vocabulary = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    if [index for _, index in vocabulary] != list(range(model.config.vocab_size)):
+        raise ValueError(
+            f"The tokenizer's ids are not 0..{model.config.vocab_size - 1}, one per row of the model's "
+            f"{model.config.vocab_size}-token vocabulary ({len(vocabulary)} tokens, ids {vocabulary[0][1]} to "
+            f"{vocabulary[-1][1]}): pass the tokenizer the model was trained with."
+        )
+    spec = _MarianLoader()(to_marian(model), tokenizer)
+    spec.validate()
+    spec.optimize(quantization=quantization)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    spec.save(str(folder))
+    # `translate()` cuts sources and outputs at the model's number of positions: the tokenizer carries it along.
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.model_max_length = model.config.max_position_embeddings
+    tokenizer.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    return folder
+
+
+class CTranslate2Translator:
+    """A CTranslate2 model written by `to_ctranslate2`, translating as `hf_transformer.translate` does: beam search
+    (the saved generation config's beams and length penalty by default), hypotheses scored by their summed
+    log-probabilities over their length (</s> included) ** length penalty, at most the source length +
+    `max_length_offset` output tokens. Greedy decoding gives the same tokens as ours. CTranslate2's beam search ends a
+    sentence once it has `num_beams` finished hypotheses, which is `generate(early_stopping=True)`; `translate()` and
+    `generate()` by default also wait until no running beam can beat them, so a few outputs may differ.
+    `options` go to `ctranslate2.Translator` (device, compute_type such as "int8", intra_threads, ...)."""
+
+    def __init__(self, folder: str | Path, **options) -> None:
+        self.translator = ctranslate2.Translator(str(folder), **options)
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.generation_config = GenerationConfig.from_pretrained(folder)
+
+    def __call__(
+        self,
+        sentences: list[str],
+        *,
+        num_beams: int | None = None,
+        length_penalty: float | None = None,
+        max_length_offset: int = 50,
+        max_tokens: int = 8192,
+    ) -> list[str]:
+        """Translate `sentences`, returning translations in the order of the input. Batches hold at most
+        `max_tokens` source tokens counted with padding and beams."""
+        ids = self.tokenizer(sentences, truncation=True, max_length=self.tokenizer.model_max_length)["input_ids"]
+        output_ids = self.generate(
+            ids,
+            num_beams=num_beams,
+            length_penalty=length_penalty,
+            max_length_offset=max_length_offset,
+            max_tokens=max_tokens,
+        )
+        return [text.strip() for text in self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)]
+
+    def generate(
+        self,
+        input_ids: list[list[int]],
+        *,
+        num_beams: int | None = None,
+        length_penalty: float | None = None,
+        max_length_offset: int = 50,
+        max_tokens: int = 8192,
+    ) -> list[list[int]]:
+        """The best hypothesis for each source (token ids, without padding), as token ids ending with </s> (or cut at
+        the maximum length), without the decoder start token."""
+        num_beams = num_beams or self.generation_config.num_beams or 1
+        length_penalty = self.generation_config.length_penalty if length_penalty is None else length_penalty
+        max_positions = self.tokenizer.model_max_length
+        # The output limit depends on the source length, and CTranslate2 takes one per call: one call per length.
+        by_length = defaultdict(list)
+        for index, row in enumerate(input_ids):
+            by_length[len(row)].append(index)
+        outputs: list[list[int]] = [[] for _ in input_ids]
+        for length, indices in sorted(by_length.items()):
+            results = self.translator.translate_batch(
+                [self.tokenizer.convert_ids_to_tokens(input_ids[index]) for index in indices],
+                beam_size=num_beams,
+                length_penalty=length_penalty,
+                return_end_token=True,  # counts </s> in the length, as Hugging Face does
+                min_decoding_length=0,  # CTranslate2 defaults to 1, which forbids an empty translation
+                max_decoding_length=min(length + max_length_offset, max_positions - 1),  # - 1: the start token
+                max_batch_size=max(1, max_tokens // (num_beams * length)),
+            )
+            for index, result in zip(indices, results, strict=True):
+                outputs[index] = self.tokenizer.convert_tokens_to_ids(result.hypotheses[0])
+        return outputs
