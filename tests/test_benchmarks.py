@@ -117,7 +117,7 @@ def test_deploy_benchmark_runs_on_a_short_run(run_dir):
             "--config",
             "tiny.yaml",
             "--trainer.max_steps=3",
-            "--model.max_position_embeddings=512",
+            "--model.config.max_position_embeddings=512",
         ]
     )
     main(["export", "runs/demo/checkpoints/last.ckpt", "exported"])
