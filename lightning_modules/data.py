@@ -199,6 +199,8 @@ class TranslationDataModule(pl.LightningDataModule):
             batched=True,
             fn_kwargs={"tokenizer": self.tokenizer, "unknown_id": self.tokenizer.unk_token_id},
             num_proc=num_proc if num_proc > 1 else None,
+            # datasets hashes a tokenizer object unreliably, and has no public accessor for a dataset's fingerprint:
+            # `_fingerprint` is the one private attribute read here (datasets 5.2).
             new_fingerprint=Hasher.hash([pairs._fingerprint, tokenizer_fingerprint(self.tokenizer), _ENCODING]),
             desc="Tokenizing",
         )

@@ -27,18 +27,22 @@ def tiny_config() -> TransformerConfig:
     return make_tiny_config()
 
 
+# The model of the modeling tests: two layers, so that layer stacking and caches are exercised.
+TINY_CONFIG = dict(
+    vocab_size=64,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=64,
+)
+
+
 def make_tiny_config() -> TransformerConfig:
-    return TransformerConfig(
-        vocab_size=64,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-    )
+    return TransformerConfig(**TINY_CONFIG)
 
 
 @pytest.fixture

@@ -10,26 +10,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TINY_CONFIG
 
 from hf_transformer import loss
 from hf_transformer.loss import linear_cross_entropy, translation_loss
 from lightning_modules import TranslationDataModule, TranslationModule
 
-TINY_CONFIG = dict(
-    d_model=32,
-    encoder_layers=2,
-    decoder_layers=2,
-    encoder_attention_heads=4,
-    decoder_attention_heads=4,
-    encoder_ffn_dim=64,
-    decoder_ffn_dim=64,
-    dropout=0.1,
-    max_position_embeddings=64,
-)
-
 
 def tiny_module(vocab_size: int = 64, **overrides) -> TranslationModule:
-    return TranslationModule(config={**TINY_CONFIG, "vocab_size": vocab_size}, **overrides)
+    return TranslationModule(config={**TINY_CONFIG, "dropout": 0.1, "vocab_size": vocab_size}, **overrides)
 
 
 def padded_batch(vocab_size: int = 64) -> dict[str, torch.Tensor]:
