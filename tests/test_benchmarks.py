@@ -118,6 +118,7 @@ def test_deploy_benchmark_runs_on_a_short_run(run_dir):
             "tiny.yaml",
             "--trainer.max_steps=3",
             "--model.config.max_position_embeddings=512",
+            "--data.max_tokens=1024",
         ]
     )
     main(["export", "runs/demo/checkpoints/last.ckpt", "exported"])
