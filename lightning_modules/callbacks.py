@@ -264,8 +264,9 @@ class LineProgress(ProgressBar):
             lines += [f"  source:     {source}", f"  reference:  {reference}", f"  hypothesis: {hypothesis}"]
         checkpoint = trainer.checkpoint_callback
         if checkpoint is not None and checkpoint.dirpath:
-            last = Path(checkpoint.dirpath) / f"{checkpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"
-            lines.append(f"Checkpoints: {checkpoint.dirpath}")
+            folder = _relative(Path(checkpoint.dirpath))
+            last = folder / f"{checkpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"
+            lines.append(f"Checkpoints: {folder}")
             datamodule = getattr(trainer, "datamodule", None)
             tokenizer_location = getattr(datamodule, "tokenizer_location", None)
             if tokenizer_location:
@@ -273,6 +274,12 @@ class LineProgress(ProgressBar):
             if last.exists():
                 lines.append(f"Export it:   hf-transformer export {last} exports/<name>")
         print("\n".join(lines), flush=True)
+
+
+def _relative(path: Path) -> Path:
+    """`path` as the user wrote it in a config: relative to the working directory where it lies below it (Lightning
+    makes checkpoint folders absolute)."""
+    return path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
 
 
 def _count(module: pl.LightningModule) -> str:
