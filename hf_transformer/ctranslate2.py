@@ -19,6 +19,7 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 
 from .marian import to_marian
 from .modeling_transformer import TransformerForConditionalGeneration
+from .translate import MAX_LENGTH_OFFSET
 
 try:
     import ctranslate2
@@ -98,7 +99,7 @@ class CTranslate2Translator:
         *,
         num_beams: int | None = None,
         length_penalty: float | None = None,
-        max_length_offset: int = 50,
+        max_length_offset: int = MAX_LENGTH_OFFSET,
         max_tokens: int = 8192,
     ) -> list[str]:
         """Translate `sentences`, returning translations in the order of the input. Batches hold at most
@@ -119,7 +120,7 @@ class CTranslate2Translator:
         *,
         num_beams: int | None = None,
         length_penalty: float | None = None,
-        max_length_offset: int = 50,
+        max_length_offset: int = MAX_LENGTH_OFFSET,
         max_tokens: int = 8192,
     ) -> list[list[int]]:
         """The best hypothesis for each source (token ids, without padding), as token ids ending with </s> (or cut at

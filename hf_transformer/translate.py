@@ -9,6 +9,8 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from .token_budget import pack_token_budget
 
+# Section 6.1: "maximum output length to input length + 50".
+MAX_LENGTH_OFFSET = 50
 # A score that never wins: what Hugging Face's beam search uses for "not a candidate".
 EXCLUDED = -1.0e9
 
@@ -22,7 +24,7 @@ def translate(
     num_beams: int | None = None,
     length_penalty: float | None = None,
     max_tokens: int = 8192,
-    max_length_offset: int = 50,
+    max_length_offset: int = MAX_LENGTH_OFFSET,
 ) -> list[str]:
     """Translate `sentences` with `beam_search`, returning translations in the order of the input.
 
@@ -61,7 +63,7 @@ def beam_search(
     *,
     num_beams: int | None = None,
     length_penalty: float | None = None,
-    max_length_offset: int = 50,
+    max_length_offset: int = MAX_LENGTH_OFFSET,
 ) -> list[list[int]]:
     """Beam search over a batch of right-padded sources, returning the best hypothesis of each as token ids (from the
     decoder start token to EOS). Each equals what `model.generate()` gives for that source alone with

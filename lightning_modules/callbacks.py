@@ -210,6 +210,7 @@ class LineProgress(ProgressBar):
         self.num_samples = num_samples
         self._enabled = True
         self._started = time.monotonic()
+        self._printed_step: int | None = None
 
     def disable(self) -> None:
         self._enabled = False
@@ -223,17 +224,17 @@ class LineProgress(ProgressBar):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._started = time.monotonic()
-        limit = f"/{trainer.max_steps}" if trainer.max_steps > 0 else ""
-        self._print(trainer, f"Training from step {trainer.global_step}{limit} ({_count(pl_module)} parameters)")
+        self._print(trainer, f"Training from step {_step_of(trainer)} ({_count(pl_module)} parameters)")
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        if step % self.every_n_steps:
+        if step % self.every_n_steps or step == self._printed_step:  # accumulated batches share a step
             return
+        self._printed_step = step
         metrics = trainer.callback_metrics
-        fields = [f"step {step}" + (f"/{trainer.max_steps}" if trainer.max_steps > 0 else "")]
+        fields = [f"step {_step_of(trainer)}"]
         fields.append(_elapsed(time.monotonic() - self._started))
         if "train/loss" in metrics:
             fields.append(f"loss {float(metrics['train/loss']):.3f}")
@@ -274,6 +275,10 @@ class LineProgress(ProgressBar):
             if last.exists():
                 lines.append(f"Export it:   hf-transformer export {last} exports/<name>")
         print("\n".join(lines), flush=True)
+
+
+def _step_of(trainer: pl.Trainer) -> str:
+    return f"{trainer.global_step}/{trainer.max_steps}" if trainer.max_steps > 0 else str(trainer.global_step)
 
 
 def _relative(path: Path) -> Path:

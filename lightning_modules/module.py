@@ -248,7 +248,7 @@ class TranslationModule(pl.LightningModule):
 
     def translate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[str]:
         """Beam search as the model's generation config says (the paper's beam 4, length penalty 0.6), each output
-        at most its input's length + `max_length_offset` tokens (50 in section 6.1)."""
+        at most its input's length + 50 tokens (section 6.1, `MAX_LENGTH_OFFSET`)."""
         output_ids = beam_search(self.model, input_ids, attention_mask)
         return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)
 

@@ -460,3 +460,14 @@ def test_fp16_mixed_with_grad_scaler_trains_on_gpu(run_dir):
     assert checkpoint["global_step"] == 6
     assert checkpoint["MixedPrecision"]["scale"] > 0  # the grad scaler and its state travel with the checkpoint
     assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values() if t.is_floating_point())
+
+
+def test_progress_prints_one_line_per_step_when_batches_are_accumulated(capsys):
+    from lightning_modules.callbacks import LineProgress
+
+    progress = LineProgress(every_n_steps=2)
+    trainer = SimpleNamespace(global_step=0, max_steps=4, callback_metrics={}, optimizers=[], is_global_zero=True)
+    for step in (0, 0, 1, 1, 2, 2):  # two batches per optimizer step
+        trainer.global_step = step
+        progress.on_train_batch_end(trainer, None, None, None, 0)
+    assert [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines()] == ["step 0/4", "step 2/4"]
