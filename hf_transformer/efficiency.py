@@ -105,12 +105,12 @@ def training_flops(config, source_lengths: torch.Tensor, target_lengths: torch.T
     return 6 * (config.encoder_layers * encoder_layer + config.decoder_layers * decoder_layer + output_projection)
 
 
-def reorder_self_attention_cache(past_key_values: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
+def reorder_self_attention_cache(cache: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
     """The `_reorder_cache` of beam search: only the self-attention cache follows the surviving beams. A beam only
     ever continues a beam of its own sentence, and all beams of a sentence hold the same encoder keys and values, so
     reordering those would copy them for nothing."""
-    past_key_values.self_attention_cache.reorder_cache(beam_idx)
-    return past_key_values
+    cache.self_attention_cache.reorder_cache(beam_idx)
+    return cache
 
 
 def parse_forward_signature_once(model_class: type) -> None:

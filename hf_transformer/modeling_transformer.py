@@ -8,6 +8,7 @@ Reading order: attention (eq. 1, section 3.2) -> feed-forward (eq. 2) -> "Add & 
 (section 3.5) -> the tokens that need computing -> encoder and decoder layers and stacks (section 3.1) -> the models.
 """
 
+import inspect
 import math
 import os
 from collections.abc import Callable
@@ -41,6 +42,11 @@ from .efficiency import (
     training_flops,
 )
 from .integrity import non_finite_tensors
+
+# transformers 5.24 renamed the key/value cache from `past_key_values` to `cache`: in forward arguments, in the fields
+# of model outputs and in the mask helpers. Saved folders run this file under the user's release (any from 5.4 on), so
+# the model takes both names and builds outputs and masks with the one the installed release knows.
+CACHE_NAME = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
 
 def scaled_dot_product_attention(
@@ -147,12 +153,12 @@ class SelfAttention(MultiHeadAttention):
         hidden_states: torch.Tensor,
         tokens: ComputedTokens,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         query, key, value = self.split_heads(tokens.unpack(self.qkv_proj(hidden_states)))
-        if past_key_values is not None:
-            key, value = past_key_values.self_attention_cache.update(key, value, self.layer_idx)
+        if cache is not None:
+            key, value = cache.self_attention_cache.update(key, value, self.layer_idx)
         return self.attend(query, key, value, attention_mask, tokens, output_attentions)
 
 
@@ -174,18 +180,18 @@ class EncoderDecoderAttention(MultiHeadAttention):
         encoder_hidden_states: torch.Tensor,
         tokens: ComputedTokens,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         (query,) = self.split_heads(tokens.unpack(self.q_proj(hidden_states)))
-        if past_key_values is not None and past_key_values.is_updated.get(self.layer_idx):
-            cached = past_key_values.cross_attention_cache.layers[self.layer_idx]
+        if cache is not None and cache.is_updated.get(self.layer_idx):
+            cached = cache.cross_attention_cache.layers[self.layer_idx]
             key, value = cached.keys, cached.values
         else:
             key, value = self.split_heads(self.kv_proj(encoder_hidden_states))
-            if past_key_values is not None:
-                key, value = past_key_values.cross_attention_cache.update(key, value, self.layer_idx)
-                past_key_values.is_updated[self.layer_idx] = True
+            if cache is not None:
+                key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
+                cache.is_updated[self.layer_idx] = True
         return self.attend(query, key, value, attention_mask, tokens, output_attentions)
 
 
@@ -317,17 +323,17 @@ class DecoderLayer(GradientCheckpointingLayer):
         tokens: ComputedTokens,
         attention_mask: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         sublayer_input = self.self_attn_add_norm.sublayer_input(hidden_states)
         attended, self_attn_weights = self.self_attn(
-            sublayer_input, tokens, attention_mask, past_key_values, output_attentions
+            sublayer_input, tokens, attention_mask, cache, output_attentions
         )
         hidden_states = self.self_attn_add_norm(hidden_states, attended)
         sublayer_input = self.encoder_attn_add_norm.sublayer_input(hidden_states)
         attended, cross_attn_weights = self.encoder_attn(
-            sublayer_input, encoder_hidden_states, tokens, encoder_attention_mask, past_key_values, output_attentions
+            sublayer_input, encoder_hidden_states, tokens, encoder_attention_mask, cache, output_attentions
         )
         hidden_states = self.encoder_attn_add_norm(hidden_states, attended)
         transformed = self.feed_forward(self.feed_forward_add_norm.sublayer_input(hidden_states))
@@ -485,7 +491,7 @@ class TransformerDecoder(TransformerStack):
         encoder_hidden_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -499,19 +505,19 @@ class TransformerDecoder(TransformerStack):
             raise ValueError("The decoder attends to the encoder output: pass encoder_hidden_states.")
         output_attentions = _resolve(output_attentions, self.config, "output_attentions")
         output_hidden_states = _resolve(output_hidden_states, self.config, "output_hidden_states")
-        if _resolve(use_cache, self.config, "use_cache") and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        if _resolve(use_cache, self.config, "use_cache") and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         if not _resolve(use_cache, self.config, "use_cache"):
-            past_key_values = None
+            cache = None
 
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        past_length = cache.get_seq_length() if cache is not None else 0
         hidden_states = self.embed(input_ids, inputs_embeds, past_length)
-        tokens = ComputedTokens.causal(positions_needed if past_key_values is None else None)
+        tokens = ComputedTokens.causal(positions_needed if cache is None else None)
         self_attn_mask = create_causal_mask(
             self.config,
             hidden_states,
             attention_mask,
-            past_key_values=past_key_values.self_attention_cache if past_key_values is not None else None,
+            **{CACHE_NAME: cache.self_attention_cache if cache is not None else None},
         )
         encoder_attention_mask = create_bidirectional_mask(
             self.config, hidden_states, encoder_attention_mask, encoder_hidden_states=encoder_hidden_states
@@ -525,12 +531,12 @@ class TransformerDecoder(TransformerStack):
             tokens,
             self_attn_mask,
             encoder_attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             output_attentions=output_attentions,
         )
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
-            past_key_values=past_key_values,
+            **{CACHE_NAME: cache},
             hidden_states=all_hidden_states,
             attentions=self_attentions if output_attentions else None,
             cross_attentions=cross_attentions if output_attentions else None,
@@ -577,18 +583,21 @@ class TransformerModel(TransformerPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         decoder_positions_needed: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
     ) -> Seq2SeqModelOutput:
         r"""
         decoder_positions_needed: boolean [batch, target_length], the decoder positions whose outputs will be used; the
             positions after the last needed one of each row are then not computed (see `TransformerDecoder`).
+        past_key_values: `cache` under its name before transformers 5.24.
         """
+        cache = cache if cache is not None else past_key_values
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids, attention_mask, inputs_embeds, output_attentions, output_hidden_states
@@ -600,7 +609,7 @@ class TransformerModel(TransformerPreTrainedModel):
             encoder_outputs.last_hidden_state,
             decoder_attention_mask,
             attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             output_attentions=output_attentions,
@@ -609,7 +618,7 @@ class TransformerModel(TransformerPreTrainedModel):
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME)},
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -663,7 +672,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -672,6 +681,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         output_hidden_states: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput:
         r"""
@@ -683,7 +693,9 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
             cache, a boolean mask also spares the decoder layers the positions after each row's last True.
         num_items_in_batch: number of target tokens over all accumulated micro-batches (passed by the HF Trainer);
             the summed loss is divided by it so that gradient accumulation weighs every token equally.
+        past_key_values: `cache` under its name before transformers 5.24 (whose `generate()` passes it so).
         """
+        cache = cache if cache is not None else past_key_values
         keeps_a_mask = isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.dtype == torch.bool
         if labels is not None:
             check_token_ids(labels, self.config.vocab_size, ignore_index=-100, name="labels")
@@ -696,7 +708,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
             decoder_input_ids,
             decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -717,7 +729,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **{CACHE_NAME: getattr(outputs, CACHE_NAME)},
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,

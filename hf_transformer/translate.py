@@ -110,7 +110,7 @@ def beam_search(
             encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states),
             attention_mask=attention_mask,
             decoder_input_ids=running[:, :, length - 1].reshape(-1, 1),
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
         ).logits[:, -1]
         active = len(sentence_ids)

@@ -108,6 +108,39 @@ def trained_model(config: TransformerConfig, steps: int = 60) -> TransformerForC
     return model.eval()
 
 
+def parts_only_at_near_ties(
+    model: TransformerForConditionalGeneration,
+    source: list[int],
+    ours: list[int],
+    theirs: list[int],
+    tolerance: float = 1e-3,
+) -> bool:
+    """True when two greedy decodings of `source` (token ids from the decoder start on) are equal, or first differ
+    where `model` gives both tokens log-probabilities within `tolerance` of each other. Another library or another
+    batch computes the same model in another summation order: where the best two next tokens score within that
+    rounding, either may win, and all that follows differs. Greedy decoding guarantees nothing more."""
+    common = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
+    if common is None:
+        return len(ours) == len(theirs)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor([ours[:common]])).logits
+    log_probs = logits[0, -1].log_softmax(-1)
+    return abs(float(log_probs[ours[common]] - log_probs[theirs[common]])) < tolerance
+
+
+def output_rows(generated: torch.Tensor, eos_token_id: int) -> list[list[int]]:
+    """The rows of a `generate()` output without the padding after each row's EOS."""
+    rows = []
+    for row in generated.tolist():
+        rows.append(row[: row.index(eos_token_id, 1) + 1] if eos_token_id in row[1:] else row)
+    return rows
+
+
+def equal_fraction(first: list, second: list) -> float:
+    """The fraction of positions where two lists of outputs agree."""
+    return sum(a == b for a, b in zip(first, second, strict=True)) / len(first)
+
+
 def multi30k_dir() -> str:
     """The Multi30k folder from MULTI30K_DIR, or skip the test saying how to enable it."""
     path = os.environ.get("MULTI30K_DIR")

@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.cache_utils import DynamicCache
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TransformerModel
+from hf_transformer.modeling_transformer import CACHE_NAME
 
 
 def make_model(config: TransformerConfig, **overrides) -> TransformerForConditionalGeneration:
@@ -78,7 +79,8 @@ def test_unknown_preset_lists_the_known_ones():
 
 
 @pytest.mark.parametrize("normalize_before", [False, True])
-def test_cached_incremental_decoding_equals_full_forward(tiny_config, normalize_before):
+@pytest.mark.parametrize("cache_name", ["cache", "past_key_values"])  # transformers 5.24 renamed the second
+def test_cached_incremental_decoding_equals_full_forward(tiny_config, normalize_before, cache_name):
     model = make_model(tiny_config, normalize_before=normalize_before)
     source, target = random_batch(tiny_config)
     mask = torch.ones_like(source)
@@ -86,16 +88,17 @@ def test_cached_incremental_decoding_equals_full_forward(tiny_config, normalize_
     with torch.no_grad():
         full = model(input_ids=source, attention_mask=mask, decoder_input_ids=target, use_cache=False).logits
         encoder_outputs = model.get_encoder()(source, mask)
-        past, steps = None, []
+        cache, steps = None, []
         for t in range(target.shape[1]):
             out = model(
                 encoder_outputs=encoder_outputs,
                 attention_mask=mask,
                 decoder_input_ids=target[:, t : t + 1],
-                past_key_values=past,
                 use_cache=True,
+                **{cache_name: cache},
             )
-            past = out.past_key_values
+            cache = getattr(out, CACHE_NAME)
+            assert cache.get_seq_length() == t + 1
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
 
@@ -402,8 +405,13 @@ def test_resize_token_embeddings_keeps_the_ties(tiny_config):
 # --- generation ------------------------------------------------------------------------------------------------
 
 
+# Tests that compare two computations of the same model (cached against full, batched against alone) run it in float64:
+# the two sum in other orders, and in float64 they differ by about 1e-16, far below any gap between two candidate
+# tokens, so that the same tokens win (in float32 a near tie could go either way).
+
+
 def test_greedy_generation_equals_an_argmax_loop_and_beam_and_sampling_run(tiny_config):
-    model = make_model(tiny_config)
+    model = make_model(tiny_config).double()
     source, _ = random_batch(tiny_config, batch=2)
     mask = torch.ones_like(source)
     greedy = model.generate(source, attention_mask=mask, num_beams=1, max_new_tokens=6, min_new_tokens=6)
@@ -621,7 +629,7 @@ def test_shrinking_beam_search_equals_generate_on_each_sentence(tiny_config, num
     """Sentences leave the batch as they finish; each result is still what generate() gives for it alone."""
     from hf_transformer.translate import beam_search
 
-    model = make_model(tiny_config)
+    model = make_model(tiny_config).double()
     with torch.no_grad():
         model.lm_head.weight[tiny_config.eos_token_id] *= 4  # so that some sentences end early, some at max length
     lengths = torch.randint(3, 12, (16,))
@@ -645,7 +653,7 @@ def test_translate_batches_by_length_and_keeps_the_input_order(tiny_config, tiny
     from hf_transformer import translate
 
     config = TransformerConfig(**{**tiny_config.to_dict(), "vocab_size": len(tiny_tokenizer)})
-    model = TransformerForConditionalGeneration(config).eval()
+    model = TransformerForConditionalGeneration(config).eval().double()
     sentences = ["two men play music on the grass", "a dog", "ein hund rennt", "a dog runs on the grass"]
     one_by_one = []
     for sentence in sentences:
