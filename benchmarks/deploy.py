@@ -23,7 +23,7 @@ from speed import naive_loop, print_table
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_transformer import translate
-from hf_transformer.ctranslate2 import CTranslate2Translator, to_ctranslate2
+from hf_transformer.export.ctranslate2 import CTranslate2Translator, to_ctranslate2
 
 RESULTS = Path(__file__).resolve().parent / "results" / "deploy.json"
 

@@ -12,9 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from hf_transformer.errors import DataError
 from hf_transformer.token_budget import pack_token_budget
-
-from .errors import DataError
 
 
 class TokenBudgetBatchSampler(Sampler[list[int]]):

@@ -16,9 +16,8 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import WandbLogger
 
+from hf_transformer.errors import ConfigError, EarlierRunFound
 from hf_transformer.integrity import non_finite_tensors
-
-from .errors import ConfigError, EarlierRunFound
 
 
 class ExactResume(pl.Callback):

@@ -16,10 +16,10 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline
-from hf_transformer.marian import to_marian
-
-from .errors import CheckpointError, CheckpointNotFound
-from .model_card import rewrite_model_card, write_model_card
+from hf_transformer.errors import CheckpointError, CheckpointNotFound
+from hf_transformer.export.folder import make_shareable
+from hf_transformer.export.marian import to_marian
+from hf_transformer.export.model_card import write_model_card
 
 MODEL_PREFIX = "model."
 
@@ -194,23 +194,3 @@ def export_marian(checkpoint: dict[str, Any], folder: str | Path, **card_info: A
     write_model_card(folder, checkpoint, format="marian", **card_info)
     make_shareable(folder)
     return folder
-
-
-def export_marian_from_folder(source: str | Path, folder: str | Path, repo_id: str | None = None) -> Path:
-    """`export_marian` for a folder written by `export`: its card, if it has one, is rendered for Marian."""
-    folder = Path(folder)
-    to_marian(TransformerForConditionalGeneration.from_pretrained(source)).save_pretrained(folder)
-    PreTrainedTokenizerFast.from_pretrained(source).save_pretrained(folder)
-    rewrite_model_card(source, folder, format="marian", repo_id=repo_id)
-    make_shareable(folder)
-    return folder
-
-
-def make_shareable(folder: Path) -> None:
-    """Give every file the permissions the user's umask gives new files: safetensors writes its files readable by
-    their owner only (-rw-------), which breaks a folder shared with a team or served by another user."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for path in folder.iterdir():
-        if path.is_file():
-            path.chmod(0o666 & ~umask)

@@ -12,8 +12,9 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerFast
 
+from hf_transformer.errors import DataError
+
 from .batching import ResumableDataLoader, TokenBudgetBatchSampler, TranslationCollator
-from .errors import DataError
 from .sources import check_source, load_split, to_pairs
 from .synthetic import SOURCE_LANG, TARGET_LANG, synthetic_splits
 from .tokenization import (

@@ -16,13 +16,13 @@ from torchmetrics.text import CHRFScore, SacreBLEUScore
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
+from hf_transformer.errors import CheckpointError, ConfigError, TrainingDiverged
 from hf_transformer.integrity import non_finite_tensors
 from hf_transformer.loss import translation_loss
 from hf_transformer.translate import beam_search
 
 from .callbacks import ExactResume
 from .checkpoint import tokenizer_from_checkpoint, tokenizer_state
-from .errors import CheckpointError, ConfigError, TrainingDiverged
 from .tokenization import model_vocabulary
 
 # Validation rows kept for the logger's sample table and the end-of-run summary.

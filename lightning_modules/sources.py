@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from datasets import Dataset, Features, Translation, Value, concatenate_datasets, load_dataset
 from datasets.exceptions import DatasetGenerationError
 
-from .errors import DataError
+from hf_transformer.errors import DataError
 
 # Builder name and options per file extension. csv/tsv: every field is text ("NA", "null" and blank lines included).
 _TEXT_CSV_OPTIONS = {"keep_default_na": False, "na_filter": False, "skip_blank_lines": False}

@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from .errors import DataError
+from hf_transformer.errors import DataError
 
 # Beside the tokenizer files: the data and settings a trained tokenizer was made from.
 TRAINED_ON_FILE = "trained_on.json"

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from hf_transformer.errors import DataError
 from hf_transformer.token_budget import pack_token_budget
 from lightning_modules.batching import (
     ResumableDataLoader,
@@ -11,7 +12,6 @@ from lightning_modules.batching import (
     TranslationCollator,
     padding_efficiency,
 )
-from lightning_modules.errors import DataError
 
 
 def random_lengths(count: int = 1000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

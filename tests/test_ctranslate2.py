@@ -20,7 +20,7 @@ from lightning_modules.checkpoint import load_checkpoint, model_from_checkpoint,
 from lightning_modules.cli import main
 
 pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed: pip install 'hf-transformer[ctranslate2]'")
-from hf_transformer.ctranslate2 import CTranslate2Translator, to_ctranslate2  # noqa: E402
+from hf_transformer.export.ctranslate2 import CTranslate2Translator, to_ctranslate2  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 MAX_LENGTH_OFFSET = 5  # short enough that some outputs of the copy task run into the limit

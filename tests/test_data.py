@@ -18,9 +18,9 @@ import torch
 from conftest import multi30k_dir
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from hf_transformer.errors import DataError
 from lightning_modules import TranslationDataModule
 from lightning_modules.batching import padding_efficiency
-from lightning_modules.errors import DataError
 from lightning_modules.synthetic import number_to_words, synthetic_splits
 
 SMALL = {"synthetic_train_size": 2000, "synthetic_eval_size": 200, "max_tokens": 512, "eval_max_tokens": 512}

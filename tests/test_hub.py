@@ -24,7 +24,8 @@ from huggingface_hub.errors import (
 )
 from safetensors.torch import save_file
 
-from lightning_modules.hub import HubError, push_folder
+from hf_transformer.errors import HubError
+from hf_transformer.export.hub import push_folder
 
 if TYPE_CHECKING:
     from tests.hub_server import FakeHub

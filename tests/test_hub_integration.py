@@ -22,10 +22,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from safetensors.torch import load_file
 
 from hf_transformer import TransformerForConditionalGeneration, TranslationPipeline
+from hf_transformer.errors import HubError
+from hf_transformer.export.model_card import bleu_signature, chrf_signature, write_model_card
 from lightning_modules.checkpoint import export, load_checkpoint, model_from_checkpoint, tokenizer_from_checkpoint
 from lightning_modules.cli import main
-from lightning_modules.hub import HubError, PushToHubCallback
-from lightning_modules.model_card import bleu_signature, chrf_signature, write_model_card
+from lightning_modules.hub_callback import PushToHubCallback
 from lightning_modules.module import TranslationModule
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from transformers import AutoModelForSeq2SeqLM, GenerationConfig, MarianMTModel
 from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 
 from hf_transformer import TransformerForConditionalGeneration
-from hf_transformer.marian import marian_permutation, to_marian
+from hf_transformer.export.marian import marian_permutation, to_marian
 from hf_transformer.modeling_transformer import SinusoidalPositionalEncoding
 
 # Each case changes the tiny config so that a mix-up would show: encoder and decoder of different depths and FFN widths

@@ -236,7 +236,7 @@ def test_mistakes_are_one_message_before_any_work(run_dir, capsys, bad, expected
 
 def test_the_data_keeps_and_cuts_pairs_to_the_model_positions(run_dir):
     """One value: a model with fewer positions makes the data drop longer training pairs and cut evaluation pairs."""
-    from lightning_modules.training_cli import TranslationCLI
+    from lightning_modules.cli.training import TranslationCLI
 
     cli = TranslationCLI(
         args=["--config", str(DEMO), "--config", "tiny.yaml", "--model.config.max_position_embeddings=9"], run=False

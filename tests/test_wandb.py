@@ -235,7 +235,7 @@ def test_a_wandb_config_without_wandb_installed_says_how_to_install_it(no_creden
     """wandb is an extra: a config that asks for it on a lean install gets the pip line, not an ImportError."""
     import importlib.util
 
-    from lightning_modules.errors import ConfigError
+    from hf_transformer.errors import ConfigError
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))

@@ -27,3 +27,7 @@ class CheckpointNotFound(UserError, FileNotFoundError):
 
 class EarlierRunFound(UserError, FileExistsError):
     """A fresh run would write into a folder holding another run's checkpoints."""
+
+
+class HubError(UserError):
+    """A push to the Hugging Face Hub failed; the message never contains the token."""

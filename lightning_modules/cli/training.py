@@ -13,11 +13,11 @@ import datasets
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from hf_transformer import TransformerConfig
+from hf_transformer.errors import ConfigError
 
-from .checkpoint import read_checkpoint
-from .data import TranslationDataModule
-from .errors import ConfigError
-from .module import TranslationModule, check_resumable, check_training_settings, model_config
+from ..checkpoint import read_checkpoint
+from ..data import TranslationDataModule
+from ..module import TranslationModule, check_resumable, check_training_settings, model_config
 
 
 def _is_not_an_advertisement(record: logging.LogRecord) -> bool:

@@ -19,8 +19,8 @@ import copy
 import torch
 from transformers import MarianConfig, MarianMTModel
 
-from .configuration_transformer import TransformerConfig
-from .modeling_transformer import TransformerForConditionalGeneration
+from ..configuration_transformer import TransformerConfig
+from ..modeling_transformer import TransformerForConditionalGeneration
 
 __all__ = ["check_marian_compatible", "marian_config", "marian_permutation", "to_marian"]
 

@@ -21,8 +21,8 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from sacrebleu.metrics import BLEU, CHRF
 
-from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
-from hf_transformer.configuration_transformer import MIN_TRANSFORMERS_VERSION
+from ..configuration_transformer import MIN_TRANSFORMERS_VERSION, TransformerConfig
+from ..modeling_transformer import TransformerForConditionalGeneration
 
 CARD_NAME = "README.md"
 DEFAULT_LICENSE = "apache-2.0"

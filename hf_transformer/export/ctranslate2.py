@@ -17,9 +17,9 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
+from ..modeling_transformer import TransformerForConditionalGeneration
+from ..translate import MAX_LENGTH_OFFSET
 from .marian import to_marian
-from .modeling_transformer import TransformerForConditionalGeneration
-from .translate import MAX_LENGTH_OFFSET
 
 try:
     import ctranslate2

@@ -1,0 +1,72 @@
+"""`hf-transformer`: LightningCLI's fit/validate/test/predict plus `export` and `push`.
+
+hf-transformer fit --config configs/demo.yaml
+hf-transformer test --config configs/demo.yaml --ckpt_path runs/demo/checkpoints/last.ckpt
+hf-transformer export runs/demo/checkpoints/last.ckpt exports/demo [--average 5]
+
+Lightning, torch and transformers are imported only by the command that needs them, so that `hf-transformer --help`
+answers at once.
+"""
+
+import importlib
+import os
+import sys
+
+USAGE = """\
+usage: hf-transformer COMMAND [OPTIONS]
+
+Train the Transformer of "Attention Is All You Need", evaluate it, and share it on the Hugging Face Hub.
+
+commands:
+  fit        train a model:                hf-transformer fit --config configs/demo.yaml
+  validate   loss and BLEU on the validation split of a checkpoint
+  test       loss, BLEU and chrF on the test split, with the hypotheses written to a file
+  predict    translate the test split of a checkpoint
+  export     write a Hugging Face model folder from a checkpoint (or several, averaged)
+  push       upload a checkpoint or an exported folder to the Hugging Face Hub
+
+`hf-transformer COMMAND --help` lists a command's options. Errors print one message; add --traceback (or set
+HF_TRANSFORMER_TRACEBACK=1) to see where one came from."""
+
+TRAINER_COMMANDS = ("fit", "validate", "test", "predict")
+# The module of each other command, imported only when it runs, so that `--help` answers without loading torch.
+COMMANDS = {"export": ".export", "push": ".push"}
+
+
+def run(argv: list[str]) -> None:
+    """Run one `hf-transformer` command line (without the program name); errors propagate."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return
+    command, *rest = argv
+    if command in COMMANDS:
+        importlib.import_module(COMMANDS[command], __name__).main(rest)
+    elif command in TRAINER_COMMANDS or command.startswith("-"):
+        from .training import TranslationCLI
+
+        # LightningCLI reads sys.argv itself when given None: it warns when both are set.
+        TranslationCLI(args=None if argv == sys.argv[1:] else argv)
+    else:
+        from hf_transformer.errors import UserError
+
+        known = ", ".join([*TRAINER_COMMANDS, *COMMANDS])
+        raise UserError(f"unknown command {command!r}: choose one of {known}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of `hf-transformer`; `argv` replaces the command line (for calls from Python). A `UserError`
+    prints its message alone and exits with status 1; --traceback shows the traceback too."""
+    words = sys.argv[1:] if argv is None else argv
+    show_traceback = "--traceback" in words or os.environ.get("HF_TRANSFORMER_TRACEBACK", "") not in ("", "0")
+    words = [word for word in words if word != "--traceback"]
+    try:
+        run(words)
+    except Exception as err:
+        # Imported here: a command that raises a UserError has loaded the package already, and --help never does.
+        from hf_transformer.errors import UserError
+
+        if show_traceback or not isinstance(err, UserError):
+            raise
+        command = f"hf-transformer {words[0]}" if words else "hf-transformer"
+        print(f"{command}: error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None

@@ -1,0 +1,87 @@
+"""`hf-transformer export SOURCE FOLDER`: a Hugging Face folder (or a Marian or CTranslate2 model) from a training
+checkpoint, several averaged, or an exported folder."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerFast
+
+from hf_transformer import TransformerForConditionalGeneration
+from hf_transformer.errors import UserError
+from hf_transformer.export.folder import export_marian_from_folder
+
+from ..checkpoint import (
+    average_checkpoints,
+    averaging_span_warning,
+    export,
+    export_marian,
+    last_checkpoints,
+    load_checkpoint,
+    model_from_checkpoint,
+    tokenizer_from_checkpoint,
+)
+
+
+def main(argv: list[str]) -> None:
+    """`hf-transformer export SOURCE FOLDER [...]`."""
+    parser = argparse.ArgumentParser(
+        prog="hf-transformer export",
+        description="Write a Hugging Face folder (model with its code, tokenizer, generation config, pipeline) from a "
+        "training checkpoint, optionally averaging the last N checkpoints of its folder.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("checkpoint", help="a .ckpt file (best, last), or with --average the checkpoint folder")
+    parser.add_argument("folder", help="where to write the Hugging Face model folder")
+    parser.add_argument("--average", type=int, default=None, metavar="N", help="average the last N step checkpoints")
+    parser.add_argument(
+        "--format",
+        choices=["hf-transformer", "marian", "ctranslate2"],
+        default="hf-transformer",
+        help="hf-transformer: this model with its code (loads with trust_remote_code=True); marian: the same model as "
+        "a stock MarianMTModel, which loads without remote code (post-LN models only); ctranslate2: a CTranslate2 "
+        "model (post-LN models only; needs pip install 'hf-transformer[ctranslate2]'). With marian and ctranslate2, "
+        "the source may also be an exported folder.",
+    )
+    parser.add_argument(
+        "--quantization", help="with --format ctranslate2: the stored weight type, e.g. int8 (default: float32)"
+    )
+    args = parser.parse_args(argv)
+    if args.quantization and args.format != "ctranslate2":
+        parser.error("--quantization applies to --format ctranslate2 only")
+    source = Path(args.checkpoint)
+    from_folder = args.format != "hf-transformer" and source.is_dir() and (source / "config.json").exists()
+    if from_folder:
+        checkpoint = None
+    elif args.average:
+        folder = source if source.is_dir() else source.parent
+        checkpoint = average_checkpoints(last_checkpoints(folder, args.average))
+        steps = checkpoint["averaged_steps"]
+        print(f"Averaged {len(steps)} checkpoints of {folder}, steps {', '.join(map(str, steps))}")
+        if warning := averaging_span_warning(steps):
+            print(f"Warning: {warning}", file=sys.stderr)
+    else:
+        checkpoint = load_checkpoint(source)
+    try:
+        if args.format == "hf-transformer":
+            folder = export(checkpoint, args.folder)
+        elif args.format == "marian":
+            folder = (
+                export_marian_from_folder(source, args.folder)
+                if from_folder
+                else export_marian(checkpoint, args.folder)
+            )
+        else:
+            from hf_transformer.export.ctranslate2 import to_ctranslate2
+
+            if from_folder:
+                model = TransformerForConditionalGeneration.from_pretrained(source)
+                tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
+            else:
+                model, tokenizer = model_from_checkpoint(checkpoint), tokenizer_from_checkpoint(checkpoint)
+            folder = to_ctranslate2(model, tokenizer, args.folder, quantization=args.quantization)
+    except (ImportError, ValueError) as err:  # ctranslate2 missing, a pre-LN model, an unknown quantization
+        if isinstance(err, UserError):
+            raise
+        raise UserError(str(err)) from err
+    print(f"Exported to {folder}")

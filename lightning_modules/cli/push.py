@@ -1,0 +1,177 @@
+"""`hf-transformer push SOURCE REPO_ID`: a training checkpoint (exported first, with its model card) or an exported
+folder, to the Hugging Face Hub."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import CommitInfo
+
+from hf_transformer.errors import HubError
+from hf_transformer.export.folder import export_marian_from_folder
+from hf_transformer.export.hub import check_export_folder, check_repo_id, find_token, push_folder
+from hf_transformer.export.model_card import CARD_FORMATS, CARD_NAME, rewrite_model_card
+
+from ..checkpoint import export, export_marian, load_checkpoint
+
+
+def push_source(
+    source: str | Path,
+    repo_id: str,
+    *,
+    private: bool = False,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    create_pr: bool = False,
+    results: dict[str, float] | None = None,
+    wandb_url: str | None = None,
+    format: str = "hf-transformer",
+) -> CommitInfo:
+    """Push a training checkpoint (exported with its model card into a temporary folder first) or a folder written by
+    `hf-transformer export` (pushed through a temporary view whose card names `repo_id`; the folder is only read).
+
+    `format` "marian" pushes the model as a stock `MarianMTModel` (converted from a checkpoint or an hf-transformer
+    folder; a Marian folder is pushed as it is). `results` (logged metric name -> value, e.g. `test_scores.json` of
+    `hf-transformer test`) and `wandb_url` go into the card of a checkpoint. Every failure is a `HubError`.
+    """
+    source = Path(source)
+    check_repo_id(repo_id)
+    token = find_token()  # before exporting, which takes a while for a big model
+    if not source.exists():
+        raise HubError(
+            f"Cannot push {source}: no such file or folder. Pass a .ckpt file written by training or a folder written "
+            "by `hf-transformer export`."
+        )
+    if format not in CARD_FORMATS:
+        raise HubError(f"Unknown format {format!r}: push one of {', '.join(CARD_FORMATS)}.")
+    if source.is_dir() and (results or wandb_url):
+        raise HubError(
+            f"{source} is an exported folder with its model card already written: --results and --wandb-url only "
+            "apply to a checkpoint. Push the checkpoint instead, or edit the folder's README.md."
+        )
+    with tempfile.TemporaryDirectory(prefix="hf-transformer-push-") as tmp:
+        staged = Path(tmp) / (source.name if source.is_dir() else source.stem)
+        card_info = dict(repo_id=repo_id, results=results, wandb_url=wandb_url)
+        try:
+            if source.is_dir():
+                _stage_export_folder(source, staged, repo_id, format)
+            elif format == "marian":
+                export_marian(_read_checkpoint(source), staged, **card_info)
+            else:
+                export(_read_checkpoint(source), staged, **card_info)
+        except ValueError as err:  # a model Marian cannot express
+            raise HubError(f"Cannot push {source} as {format}: {err}") from err
+        try:
+            return push_folder(
+                staged,
+                repo_id,
+                private=private,
+                revision=revision,
+                commit_message=commit_message or f"Upload {source.name} with hf-transformer",
+                create_pr=create_pr,
+                token=token,
+            )
+        except HubError as err:
+            # The temporary folder is gone when the user reads this: name what they passed instead.
+            raise HubError(str(err).replace(str(staged), str(source))) from err
+
+
+def main(argv: list[str]) -> None:
+    """`hf-transformer push SOURCE REPO_ID [...]`."""
+    args = _push_parser().parse_args(argv)
+    results = _read_results(Path(args.results)) if args.results else None
+    commit = push_source(
+        args.source,
+        args.repo_id,
+        private=args.private,
+        revision=args.revision,
+        commit_message=args.commit_message,
+        create_pr=args.create_pr,
+        results=results,
+        wandb_url=args.wandb_url,
+        format=args.format,
+    )
+    where = f"pull request {commit.pr_url}" if commit.pr_url else f"commit {commit}"
+    print(f"Pushed {args.source} to {args.repo_id}: {where}")
+
+
+def _push_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hf-transformer push",
+        description="Push a model to the Hugging Face Hub: a training checkpoint (exported first, with its model card) "
+        "or a folder written by `hf-transformer export`. The token comes from HF_TOKEN or `hf auth login`.",
+    )
+    parser.add_argument("source", help="a .ckpt file written by training, or an exported model folder")
+    parser.add_argument("repo_id", help="the Hub repo, 'namespace/name' (created if missing)")
+    parser.add_argument("--private", action="store_true", help="create the repo private (an existing one is kept)")
+    parser.add_argument("--revision", "--branch", help="push to this branch (created from main) or to refs/pr/N")
+    parser.add_argument("--commit-message", help="the commit message (default: 'Upload <source> with hf-transformer')")
+    parser.add_argument("--create-pr", action="store_true", help="open a pull request against main instead")
+    parser.add_argument(
+        "--results", metavar="JSON", help="scores for the model card, e.g. test_scores.json of `hf-transformer test`"
+    )
+    parser.add_argument("--wandb-url", help="link of the training run's W&B page, for the model card")
+    parser.add_argument(
+        "--format",
+        choices=CARD_FORMATS,
+        default="hf-transformer",
+        help="hf-transformer: the model with its code (loads with trust_remote_code=True); marian: a stock "
+        "MarianMTModel, which loads without remote code (post-LN models only)",
+    )
+    return parser
+
+
+def _read_checkpoint(path: Path) -> dict[str, Any]:
+    try:
+        return load_checkpoint(path)
+    except (OSError, ValueError, RuntimeError, pickle.UnpicklingError) as err:
+        raise HubError(f"Cannot push {path}: not a checkpoint written by TranslationModule ({err}).") from err
+
+
+def _read_results(path: Path) -> dict[str, float]:
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+        return {str(name): float(value) for name, value in results.items()}
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        raise HubError(f"--results {path}: expected a JSON object of metric name -> number ({err}).") from err
+
+
+def _stage_export_folder(source: Path, staged: Path, repo_id: str, format: str) -> None:
+    """The folder to push for an exported `source`: a view of it, or its Marian conversion, with the card (if it has
+    one) rendered for `repo_id`."""
+    check_export_folder(source)
+    source_format = "marian" if _model_type(source) == "marian" else "hf-transformer"
+    if format == "marian" and source_format == "hf-transformer":
+        export_marian_from_folder(source, staged, repo_id=repo_id)
+        return
+    if format != source_format:
+        raise HubError(f"{source} holds a stock Marian model: push it with --format marian.")
+    _stage_folder(source, staged)
+    rewrite_model_card(source, staged, format=format, repo_id=repo_id)
+
+
+def _model_type(folder: Path) -> str | None:
+    return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+
+
+def _stage_folder(folder: Path, staged: Path) -> None:
+    """A copy of `folder` to push: files hard-linked where possible (weights can be large), the card copied so that
+    pointing it at the repo never edits the original."""
+
+    def link_or_copy(src: str, dst: str) -> str:
+        if Path(src).name != CARD_NAME:
+            try:
+                os.link(src, dst)
+                return dst
+            except OSError:  # another file system, or links not allowed
+                pass
+        return shutil.copy2(src, dst)
+
+    shutil.copytree(folder, staged, copy_function=link_or_copy)
