@@ -11,7 +11,6 @@ from torch import nn
 from transformers import MarianConfig, MarianMTModel
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
-from hf_transformer.loss import translation_loss
 
 SIZES = {
     "small": dict(d_model=256, layers=3, heads=4, ffn_dim=1024),
@@ -72,12 +71,10 @@ def seq2seq_loss(model: nn.Module, batch: dict, **options) -> torch.Tensor:
 
 
 def ours_loss(model: nn.Module, batch: dict) -> torch.Tensor:
-    """Our model as our training step calls it (`translation_loss`, without label smoothing, as Marian's loss): the
-    decoder skips the target padding, and the output projection and the loss run chunk by chunk on the target
-    positions only; compiled, every position. "ours-all-logits" is the same model called as Marian is: full logits
-    for every target position (the encoder still skips source padding, which the attention mask marks in both)."""
-    loss_sum, target_tokens = translation_loss(model, batch)
-    return loss_sum / target_tokens
+    """Our model's own loss, as training calls it, without label smoothing (as Marian's loss): the decoder skips the
+    target padding, and the output projection and the loss run chunk by chunk on the target positions only (compiled,
+    on every position); no [tokens, vocabulary] logits are kept."""
+    return seq2seq_loss(model, batch, label_smoothing=0.0)
 
 
 class TorchTransformer(nn.Module):
@@ -120,7 +117,6 @@ def torch_transformer_loss(model: nn.Module, batch: dict) -> torch.Tensor:
 
 PEERS = {
     "ours": Peer("ours", build_ours, ours_loss),
-    "ours-all-logits": Peer("ours-all-logits", build_ours, seq2seq_loss),
     "marian": Peer("marian", build_marian, seq2seq_loss),
     "nn.Transformer": Peer("nn.Transformer", TorchTransformer, torch_transformer_loss),
 }

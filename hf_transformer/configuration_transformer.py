@@ -66,6 +66,8 @@ class TransformerConfig(PretrainedConfig):
             `x + Sublayer(LayerNorm(x))` with a final LayerNorm after each stack, which trains stably without warm-up.
         init_std: standard deviation of the embedding initialisation; None means d_model**-0.5, which keeps the
             scaled embeddings at unit variance. Linear layers use Xavier-uniform as in tensor2tensor.
+        label_smoothing: epsilon_ls of the loss that `forward(labels=...)` returns (section 5.4: 0.1), so that any
+            trainer (Lightning's, Hugging Face's) trains the paper's loss.
         tie_word_embeddings: one matrix for the source embeddings, the target embeddings and the pre-softmax
             projection (section 3.4).
     """
@@ -94,6 +96,7 @@ class TransformerConfig(PretrainedConfig):
     scale_embedding: bool = True
     normalize_before: bool = False
     init_std: float | None = None
+    label_smoothing: float | int = 0.1
     tie_word_embeddings: bool = True
     use_cache: bool = True
     is_encoder_decoder: bool = True
@@ -112,6 +115,8 @@ class TransformerConfig(PretrainedConfig):
     def __post_init__(self, **kwargs):
         # Checked here rather than in `validate_*` hooks, which wrap the error in a non-ValueError exception.
         self.check_values()
+        if self.init_std is None:  # what Hugging Face's initialisation of embeddings reads
+            self.init_std = self.d_model**-0.5
         super().__post_init__(**kwargs)
 
     def check_values(self) -> None:
@@ -138,7 +143,7 @@ class TransformerConfig(PretrainedConfig):
                     f"TransformerConfig.d_model ({self.d_model}) must be divisible by {field} ({heads}): each head "
                     f"gets d_model / heads dimensions. Change d_model or {field}."
                 )
-        for field in ("dropout", "attention_dropout", "activation_dropout"):
+        for field in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
             value = getattr(self, field)
             if not 0 <= value < 1:
                 raise ValueError(f"TransformerConfig.{field} must be in [0, 1), got {value}.")

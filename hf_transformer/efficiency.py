@@ -5,7 +5,7 @@ under `torch.compile`, whose graphs cannot hold data-dependent shapes or the CPU
 Saved model folders carry this file with their remote code (the modeling file imports it relatively).
 """
 
-import inspect
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -27,30 +27,38 @@ def apply_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torc
     return torch.where(keep, hidden_states, 0.0).mul_(1.0 / (1.0 - p))
 
 
-class ComputedTokens:
-    """The positions of a [batch, length] batch whose outputs are needed, so that padding costs no computation.
+class PackedMask:
+    """The attention mask of hidden states packed as [tokens, d_model]: only the positions of a [batch, length] batch
+    whose outputs are needed, so that padding costs no computation (the padding removal of EffectiveTransformer).
 
     Every sub-layer but attention acts on each position separately (the projections, eq. 2, Add & Norm), so the layers
-    carry only the needed tokens, packed as [tokens, d_model]. Attention unpacks them to [batch, length, ...], with
-    zeros at the other positions, which the attention mask (or, after the last needed target token, the causal mask)
-    keeps out of every needed output. This is the padding removal of EffectiveTransformer and TurboTransformers.
+    carry only the needed tokens and receive this object as their attention mask. Attention `unpack`s its projected
+    input to [batch, length, ...], with zeros at the other positions (which `mask` keeps out of every needed output),
+    applies `mask`, and `pack`s its output again.
 
-    Made from a 2D mask (nonzero = needed); from None, a prepared 4D mask, a mask with nothing to skip, or under
-    `torch.compile` (the number of needed tokens is a data-dependent shape), `pack` and `unpack` return their input.
+    `needed` is a 2D mask (nonzero = needed); with None, a 4D mask, nothing to skip, or under `torch.compile` (the
+    number of needed tokens is a data-dependent shape), nothing is packed and `pack`/`unpack` return their input.
+    `mask` is the attention mask prepared for the attention backend (None: attend everywhere, or causal).
     """
 
-    def __init__(self, needed: torch.Tensor | None):
-        self.index = None
+    def __init__(self, needed: torch.Tensor | None, mask: torch.Tensor | None):
+        self.mask, self.index, self.shape = mask, None, None
         if needed is not None and needed.dim() == 2 and not torch.compiler.is_compiling():
             index = needed.flatten().nonzero().squeeze(-1)
             if index.numel() < needed.numel():
                 self.index, self.shape = index, needed.shape
 
     @classmethod
-    def causal(cls, positions_needed: torch.Tensor | None) -> "ComputedTokens":
-        """Under a causal mask: a position is computed if it or any later position in its row is needed, since no
-        earlier position depends on the ones after it."""
-        return cls(None if positions_needed is None else positions_needed.flip(-1).cumsum(-1).flip(-1) > 0)
+    def causal(cls, needed: torch.Tensor | None, mask: torch.Tensor | None) -> "PackedMask":
+        """Under a causal mask a position is computed if it or any later position in its row is needed: no earlier
+        position depends on the ones after it."""
+        return cls(None if needed is None else needed.flip(-1).cumsum(-1).flip(-1) > 0, mask)
+
+    def with_mask(self, mask: torch.Tensor | None) -> "PackedMask":
+        """The same packing of the queries with another mask (the encoder-decoder attention's)."""
+        other = copy.copy(self)
+        other.mask = mask
+        return other
 
     def pack(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[batch, length, ...] -> [tokens, ...]"""
@@ -62,23 +70,6 @@ class ComputedTokens:
             return hidden_states
         unpacked = hidden_states.new_zeros(self.shape.numel(), *hidden_states.shape[1:])
         return unpacked.index_copy_(0, self.index, hidden_states).unflatten(0, self.shape)
-
-
-def keep_positions(hidden_states: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
-    """The decoder positions to project onto the vocabulary, with the meaning `logits_to_keep` has in every Hugging
-    Face model: an int keeps the last that many (0: all), a 1D tensor those positions of every row, a 2D integer
-    tensor those positions of each row, a 2D boolean mask its True positions, flattened to [kept, d_model].
-
-    Written here rather than imported: saved folders run under the user's transformers, and
-    `transformers.modeling_utils.slice_logits_to_keep` only exists in recent releases.
-    """
-    if isinstance(logits_to_keep, int):
-        return hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
-    if logits_to_keep.dim() == 2 and logits_to_keep.dtype == torch.bool:
-        return hidden_states[logits_to_keep]
-    if logits_to_keep.dim() == 2:
-        return torch.take_along_dim(hidden_states, logits_to_keep[..., None], dim=1)
-    return hidden_states[:, logits_to_keep]
 
 
 def training_flops(config, source_lengths: torch.Tensor, target_lengths: torch.Tensor) -> torch.Tensor:
@@ -111,10 +102,3 @@ def reorder_self_attention_cache(cache: EncoderDecoderCache, beam_idx: torch.Ten
     reordering those would copy them for nothing."""
     cache.self_attention_cache.reorder_cache(beam_idx)
     return cache
-
-
-def parse_forward_signature_once(model_class: type) -> None:
-    """For models registered for remote code (as importing this package does), `generate()` parses the forward's
-    signature at every decoding step, to see whether it takes `cache_position`. Parsed once, each check takes 8 us,
-    not 32."""
-    model_class.forward.__signature__ = inspect.signature(model_class.forward)

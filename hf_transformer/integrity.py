@@ -1,9 +1,13 @@
-"""Checks that stored weights are usable. Saved model folders carry this file with their remote code (the modeling
-file imports it relatively)."""
+"""Checks that inputs and stored weights are usable, with errors that name the problem and the fix instead of an index
+error deep inside torch. Saved model folders carry this file with their remote code (the modeling file imports it
+relatively)."""
 
+import os
 from collections.abc import Iterable
 
 import torch
+from safetensors import SafetensorError
+from transformers.utils import SAFE_WEIGHTS_NAME
 
 
 def non_finite_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
@@ -15,3 +19,67 @@ def non_finite_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> lis
     # One read from the device for all tensors: a check per tensor would wait for the GPU hundreds of times.
     finite = torch.stack([tensor.isfinite().all().to(named[0][1].device) for _, tensor in named]).tolist()
     return [name for (name, _), ok in zip(named, finite, strict=True) if not ok]
+
+
+def check_token_ids(
+    input_ids: torch.Tensor, vocab_size: int, ignore_index: int | None = None, name: str = "input_ids"
+) -> None:
+    """Raise a readable error for an empty batch or ids outside [0, vocab_size) (other than `ignore_index`). Skipped
+    under `torch.compile`, whose graphs cannot raise on values."""
+    if torch.compiler.is_compiling():
+        return
+    if input_ids.numel() == 0:
+        raise ValueError(
+            f"{name} has shape {tuple(input_ids.shape)}: a batch needs at least one sequence of at least one token "
+            "(the tokenizer saved with the model encodes even an empty string as '</s>')."
+        )
+    out_of_range = ((input_ids < 0) | (input_ids >= vocab_size)) & (input_ids != ignore_index)
+    if out_of_range.any():
+        bad = input_ids[out_of_range].unique()[:5].tolist()
+        raise ValueError(
+            f"Token ids {bad} are outside the vocabulary [0, {vocab_size}). The input was encoded with a tokenizer "
+            "whose vocabulary does not match this model: use the tokenizer saved with the model, or call "
+            "model.resize_token_embeddings(len(tokenizer))."
+        )
+
+
+def check_positions(length: int | torch.Tensor, max_positions: int, sequence: str) -> None:
+    """Raise a readable error when `sequence` ("the source" or "the target") would reach past the model's positions.
+    Skipped under `torch.compile` (with a static cache the length is a tensor)."""
+    if torch.compiler.is_compiling() or length <= max_positions:
+        return
+    fix = (
+        "truncate it (tokenizer(..., truncation=True, max_length=...))"
+        if sequence == "the source"
+        else "when generating, lower max_new_tokens or max_length (by default generation stops in time); when "
+        "training, truncate the labels"
+    )
+    raise ValueError(
+        f"{sequence.capitalize()} reaches {int(length)} tokens, more than the model's max_position_embeddings="
+        f"{max_positions}: {fix}, or train a model with more positions."
+    )
+
+
+class VerifiedLoading:
+    """`from_pretrained` that names the source when its weights file cannot be read and refuses weights that hold a
+    NaN or an infinity (a file whose bytes were overwritten loads without an error). Mixed into the model classes,
+    before `PreTrainedModel`."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *args, **kwargs):
+        source = pretrained_model_name_or_path
+        if source is not None and os.path.isfile(os.path.join(source, SAFE_WEIGHTS_NAME)):
+            source = os.path.join(source, SAFE_WEIGHTS_NAME)
+        try:
+            loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except SafetensorError as error:
+            raise OSError(f"Cannot read the weights in {source}, a truncated or corrupt file: {error}") from error
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading_info) when asked for both
+        non_finite = non_finite_tensors(model.named_parameters())
+        if non_finite:
+            raise ValueError(
+                f"The weights in {source or 'the state_dict'} hold NaN or infinite values ({', '.join(non_finite[:3])}"
+                "...): the file is corrupt, or was saved from a run that diverged. Export it again from a good "
+                "checkpoint."
+            )
+        return loaded

@@ -1,5 +1,7 @@
 """The training loss: label-smoothed cross-entropy (section 5.4) of the output projection (3.4), computed chunk by
-chunk so that the [tokens, vocabulary] logits are never held in fp32 for every token at once.
+chunk so that the [tokens, vocabulary] logits are never held in fp32 for every token at once. It is the loss of
+`TransformerForConditionalGeneration.forward(labels=...)`, so every trainer trains the same thing; saved folders carry
+this file with their remote code.
 
 At 64k target tokens and a 32k vocabulary, full fp32 logits are 8 GiB, written and read several times by the softmax,
 the loss and its gradient. Here each chunk of tokens is projected, scored and differentiated in the forward pass (the
@@ -9,15 +11,19 @@ written in plain PyTorch so that it runs, and compiles, on every device.
 """
 
 import math
-from typing import Any
 
 import torch
-
-from .modeling_transformer import TransformerForConditionalGeneration
 
 # The fp32 logits of one chunk stay under this size (the chunk count is rounded so that chunks are equal).
 LOGITS_CHUNK_BYTES = 256 * 2**20
 IGNORE_INDEX = -100
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Teacher forcing: the decoder input is the target shifted right by one, starting with the start token."""
+    decoder_input_ids = labels.roll(1, dims=-1)  # not labels[:, :-1], whose length would make torch.compile
+    decoder_input_ids[:, 0] = decoder_start_token_id  # specialise short targets
+    return decoder_input_ids.masked_fill_(decoder_input_ids == IGNORE_INDEX, pad_token_id)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -74,30 +80,30 @@ def linear_cross_entropy(
     return _LinearCrossEntropy.apply(hidden, weight, labels, label_smoothing, num_chunks, compute_gradients)
 
 
-def translation_loss(
-    model: TransformerForConditionalGeneration, batch: dict[str, Any], label_smoothing: float = 0.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Teacher forcing (the decoder reads the target shifted right and predicts every next token at once): the summed
-    label-smoothed loss over the target tokens of `batch` (input_ids, attention_mask, labels with -100 on padding) and
-    their number, both tensors.
+def target_span(labels: torch.Tensor) -> torch.Tensor:
+    """The decoder positions up to each row's last target token; the rest is padding, which no target attends to
+    under the causal mask. (A -100 between targets is no padding: later positions attend to it.)"""
+    return (labels != IGNORE_INDEX).flip(-1).cumsum(-1).flip(-1) > 0
 
-    Eager, padding costs no computation: the decoder skips the positions after each row's last target token, and only
-    target positions are projected onto the vocabulary. Under `torch.compile`, whose graphs cannot hold the
-    data-dependent number of target tokens, every position is projected and padding is ignored by its -100 label:
-    one graph for the whole step, at the cost of the few percent of padding that token-budget batches have.
-    """
-    labels = batch["labels"]
+
+def translation_loss(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    label_smoothing: float,
+    num_items_in_batch: int | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The loss of teacher forcing: label-smoothed cross-entropy of the decoder output `hidden_states` ([batch, length,
+    d_model]) projected by `weight` at `labels` ([batch, length], -100 on padding), summed over the target tokens and
+    divided by their number (or by `num_items_in_batch`, the target tokens of all accumulated micro-batches).
+
+    Eager, only the target positions are projected onto the vocabulary; a `torch.compile` graph cannot hold their
+    data-dependent number, so it projects every position and ignores padding by its label: one graph for the whole
+    step, at the cost of the few percent of padding that token-budget batches have."""
     is_target = labels != IGNORE_INDEX
-    hidden = model.model(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels),
-        use_cache=False,
-        decoder_positions_needed=is_target,
-    ).last_hidden_state
     if torch.compiler.is_compiling():
-        hidden, labels = hidden.flatten(0, 1), labels.flatten()
+        hidden_states, labels = hidden_states.flatten(0, 1), labels.flatten()
     else:
-        hidden, labels = hidden[is_target], labels[is_target]
-    weight = model.get_output_embeddings().weight
-    return linear_cross_entropy(hidden, weight, labels, label_smoothing), is_target.sum()
+        hidden_states, labels = hidden_states[is_target], labels[is_target]
+    summed = linear_cross_entropy(hidden_states, weight, labels, label_smoothing)
+    return summed / (is_target.sum() if num_items_in_batch is None else num_items_in_batch)

@@ -1,21 +1,17 @@
 """The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017), from scratch.
 
-Each class maps onto a part of the paper; section and equation numbers in the docstrings refer to it. The plumbing
-(attention backends, masks, key/value cache, generation, save/load) is Hugging Face's, so the model behaves like any
-other on the Hub.
-
-Reading order: attention (eq. 1, section 3.2) -> feed-forward (eq. 2) -> "Add & Norm" -> positional encoding
-(section 3.5) -> the tokens that need computing -> encoder and decoder layers and stacks (section 3.1) -> the models.
+Each class maps onto a part of the paper, in its order: attention (eq. 1, 3.2), feed-forward (eq. 2), "Add & Norm",
+positional encoding (3.5), encoder and decoder layers and stacks (3.1), the models and their loss (3.4, 5.4). The
+plumbing (attention backends, masks, cache, generation, save/load) is Hugging Face's. Layers take the paper's
+arguments (hidden states, mask, cache); the mask's type, `PackedMask` (`efficiency.py`), lets them skip padding.
 """
 
 import inspect
 import math
-import os
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
@@ -30,18 +26,12 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import SAFE_WEIGHTS_NAME, can_return_tuple
+from transformers.utils import can_return_tuple
 
 from .configuration_transformer import TransformerConfig
-from .efficiency import (
-    ComputedTokens,
-    apply_dropout,
-    keep_positions,
-    parse_forward_signature_once,
-    reorder_self_attention_cache,
-    training_flops,
-)
-from .integrity import non_finite_tensors
+from .efficiency import PackedMask, apply_dropout, reorder_self_attention_cache, training_flops
+from .integrity import VerifiedLoading, check_positions, check_token_ids
+from .loss import IGNORE_INDEX, shift_tokens_right, target_span, translation_loss
 
 # transformers 5.24 renamed the key/value cache from `past_key_values` to `cache`: in forward arguments, in the fields
 # of model outputs and in the mask helpers. Saved folders run this file under the user's release (any from 5.4 on), so
@@ -59,15 +49,9 @@ def scaled_dot_product_attention(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V  (eq. 1), the "eager" backend.
-
-    By default (`attn_implementation="sdpa"`) torch's fused `F.scaled_dot_product_attention` computes this formula
-    instead, without materialising the weights; `model.set_attn_implementation("eager")` runs this function, and
-    `output_attentions=True` does for that call (the tests check that both agree).
-
-    q, k, v are [batch, heads, length, d_k]; returns the output as [batch, length, heads, d_k] and the attention
-    weights. The mask may be boolean (True = attend) or additive, as torch's sdpa takes it.
-    """
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V  (eq. 1), the "eager" backend, which `output_attentions=True`
+    runs (sdpa, the default, computes the same without materialising the weights). q, k, v are [batch, heads, length,
+    d_k]; returns [batch, length, heads, d_k] and the weights. The mask is boolean (True = attend) or additive."""
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
     if attention_mask is not None:
         if attention_mask.dtype == torch.bool:
@@ -87,10 +71,8 @@ def scaled_dot_product_attention(
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V) (3.2.2).
 
-    The per-head projections W_i of all heads are stored side by side as one d_model x d_model matrix per input, and
-    the inputs that come from the same tensor are projected in one matrix multiply (see the subclasses). This base
-    class splits the heads, runs eq. 1 with the configured backend (eager, sdpa, flex or flash) and applies W^O.
-    """
+    The W_i of all heads lie side by side in one matrix per input, and inputs from the same tensor are projected in one
+    matrix multiply (the subclasses). This class splits the heads, runs eq. 1 with the configured backend and W^O."""
 
     def __init__(self, config: TransformerConfig, num_heads: int, is_causal: bool, layer_idx: int | None = None):
         super().__init__()
@@ -112,15 +94,9 @@ class MultiHeadAttention(nn.Module):
             for part in projected.split(self.config.d_model, dim=-1)
         )
 
-    def attend(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        tokens: ComputedTokens,
-        output_attentions: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def attend(self, query, key, value, mask: PackedMask, output_attentions: bool) -> tuple[torch.Tensor, ...]:
+        """Eq. 1 on the heads [batch, heads, length, d_k], then W^O: the output (packed as `mask` packs) and the
+        attention weights (if asked)."""
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, scaled_dot_product_attention
         )
@@ -132,17 +108,14 @@ class MultiHeadAttention(nn.Module):
                 )
             attention = scaled_dot_product_attention  # fused kernels never materialise the weights
         dropout = self.attention_dropout if self.training else 0.0
-        output, weights = attention(self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling)
+        output, weights = attention(self, query, key, value, mask.mask, dropout=dropout, scaling=self.scaling)
         batch, length = output.shape[:2]
-        return self.out_proj(tokens.pack(output.reshape(batch, length, -1))), weights
+        return self.out_proj(mask.pack(output.reshape(batch, length, -1))), weights
 
 
 class SelfAttention(MultiHeadAttention):
-    """Self-attention: queries, keys and values all come from the previous layer (3.2.3).
-
-    In the decoder it is masked (`is_causal`) so that position i attends only to positions <= i, and during
-    generation the keys and values of earlier steps come from the cache instead of being recomputed.
-    """
+    """Self-attention: queries, keys and values all come from the previous layer (3.2.3). In the decoder, position i
+    attends only to positions <= i (`is_causal`), and the keys and values of earlier steps come from the cache."""
 
     def __init__(self, config: TransformerConfig, num_heads: int, is_causal: bool, layer_idx: int | None = None):
         super().__init__(config, num_heads, is_causal, layer_idx)
@@ -151,23 +124,19 @@ class SelfAttention(MultiHeadAttention):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        tokens: ComputedTokens,
-        attention_mask: torch.Tensor | None = None,
+        attention_mask: PackedMask,
         cache: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        query, key, value = self.split_heads(tokens.unpack(self.qkv_proj(hidden_states)))
+        query, key, value = self.split_heads(attention_mask.unpack(self.qkv_proj(hidden_states)))
         if cache is not None:
             key, value = cache.self_attention_cache.update(key, value, self.layer_idx)
-        return self.attend(query, key, value, attention_mask, tokens, output_attentions)
+        return self.attend(query, key, value, attention_mask, output_attentions)
 
 
 class EncoderDecoderAttention(MultiHeadAttention):
-    """Encoder-decoder attention: queries from the decoder, keys and values from the encoder output (3.2.3).
-
-    The encoder output does not change while decoding, so its keys and values are computed at the first step and
-    reused from the cache afterwards.
-    """
+    """Encoder-decoder attention: queries from the decoder, keys and values from the encoder output (3.2.3), which
+    do not change while decoding: computed at the first step, then read from the cache."""
 
     def __init__(self, config: TransformerConfig, num_heads: int, layer_idx: int | None = None):
         super().__init__(config, num_heads, is_causal=False, layer_idx=layer_idx)
@@ -178,12 +147,11 @@ class EncoderDecoderAttention(MultiHeadAttention):
         self,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor,
-        tokens: ComputedTokens,
-        attention_mask: torch.Tensor | None = None,
+        attention_mask: PackedMask,
         cache: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        (query,) = self.split_heads(tokens.unpack(self.q_proj(hidden_states)))
+        (query,) = self.split_heads(attention_mask.unpack(self.q_proj(hidden_states)))
         if cache is not None and cache.is_updated.get(self.layer_idx):
             cached = cache.cross_attention_cache.layers[self.layer_idx]
             key, value = cached.keys, cached.values
@@ -192,7 +160,7 @@ class EncoderDecoderAttention(MultiHeadAttention):
             if cache is not None:
                 key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
                 cache.is_updated[self.layer_idx] = True
-        return self.attend(query, key, value, attention_mask, tokens, output_attentions)
+        return self.attend(query, key, value, attention_mask, output_attentions)
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -212,11 +180,9 @@ class PositionwiseFeedForward(nn.Module):
 
 
 class AddAndNorm(nn.Module):
-    """The "Add & Norm" around every sub-layer (3.1, 5.4).
-
-    Post-LN (the paper): LayerNorm(x + Dropout(Sublayer(x))). Pre-LN (`normalize_before`): x + Dropout(Sublayer(
-    LayerNorm(x))). Use as `x = add_norm(x, sublayer(add_norm.sublayer_input(x)))`.
-    """
+    """The "Add & Norm" around every sub-layer (3.1, 5.4): post-LN (the paper) LayerNorm(x + Dropout(Sublayer(x))),
+    pre-LN (`normalize_before`) x + Dropout(Sublayer(LayerNorm(x))). Use: x = add_norm(x, sublayer(add_norm.
+    sublayer_input(x)))."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -235,10 +201,8 @@ class AddAndNorm(nn.Module):
 class SinusoidalPositionalEncoding(nn.Module):
     """PE(pos, 2i) = sin(pos / 10000^(2i / d_model)), PE(pos, 2i + 1) = cos(pos / 10000^(2i / d_model))  (3.5).
 
-    A table of the first `num_positions` encodings, so that a decoding step reads one row instead of computing it.
-    The table is a non-persistent buffer: it is not saved, and `_init_weights` recomputes it when `from_pretrained`
-    builds the model on the meta device.
-    """
+    A table, so that a decoding step reads a row instead of computing it; not saved (`_init_weights` recomputes it
+    when `from_pretrained` builds the model on the meta device)."""
 
     def __init__(self, num_positions: int, d_model: int):
         super().__init__()
@@ -251,32 +215,8 @@ class SinusoidalPositionalEncoding(nn.Module):
         angles = torch.arange(num_positions, dtype=torch.float32)[:, None] / (10000.0**exponents)[None, :]
         return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[:, :d_model]
 
-    def forward(self, start: int, length: int) -> torch.Tensor:
-        """The encodings of positions start, ..., start + length - 1: [length, d_model]."""
-        return self.table[start : start + length]
-
-
-def check_token_ids(
-    input_ids: torch.Tensor, vocab_size: int, ignore_index: int | None = None, name: str = "input_ids"
-) -> None:
-    """Raise a readable error for an empty batch or ids outside [0, vocab_size) (other than `ignore_index`) instead
-    of a reshape or index error deep inside torch. Skipped under `torch.compile`, whose graphs cannot raise on
-    values."""
-    if torch.compiler.is_compiling():
-        return
-    if input_ids.numel() == 0:
-        raise ValueError(
-            f"{name} has shape {tuple(input_ids.shape)}: a batch needs at least one sequence of at least one token "
-            "(the tokenizer saved with the model encodes even an empty string as '</s>')."
-        )
-    out_of_range = ((input_ids < 0) | (input_ids >= vocab_size)) & (input_ids != ignore_index)
-    if out_of_range.any():
-        bad = input_ids[out_of_range].unique()[:5].tolist()
-        raise ValueError(
-            f"Token ids {bad} are outside the vocabulary [0, {vocab_size}). The input was encoded with a tokenizer "
-            "whose vocabulary does not match this model: use the tokenizer saved with the model, or call "
-            "model.resize_token_embeddings(len(tokenizer))."
-        )
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return self.table[positions]  # [length] -> [length, d_model]
 
 
 class EncoderLayer(GradientCheckpointingLayer):
@@ -290,14 +230,10 @@ class EncoderLayer(GradientCheckpointingLayer):
         self.feed_forward_add_norm = AddAndNorm(config)
 
     def forward(
-        self,
-        hidden_states: torch.Tensor,
-        tokens: ComputedTokens,
-        attention_mask: torch.Tensor | None = None,
-        output_attentions: bool = False,
+        self, hidden_states: torch.Tensor, attention_mask: PackedMask, output_attentions: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         sublayer_input = self.self_attn_add_norm.sublayer_input(hidden_states)
-        attended, self_attn_weights = self.self_attn(sublayer_input, tokens, attention_mask, None, output_attentions)
+        attended, self_attn_weights = self.self_attn(sublayer_input, attention_mask, None, output_attentions)
         hidden_states = self.self_attn_add_norm(hidden_states, attended)
         transformed = self.feed_forward(self.feed_forward_add_norm.sublayer_input(hidden_states))
         return self.feed_forward_add_norm(hidden_states, transformed), self_attn_weights
@@ -319,80 +255,48 @@ class DecoderLayer(GradientCheckpointingLayer):
     def forward(
         self,
         hidden_states: torch.Tensor,
+        attention_mask: PackedMask,
         encoder_hidden_states: torch.Tensor,
-        tokens: ComputedTokens,
-        attention_mask: torch.Tensor | None = None,
-        encoder_attention_mask: torch.Tensor | None = None,
+        encoder_attention_mask: PackedMask,
         cache: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         sublayer_input = self.self_attn_add_norm.sublayer_input(hidden_states)
-        attended, self_attn_weights = self.self_attn(
-            sublayer_input, tokens, attention_mask, cache, output_attentions
-        )
+        attended, self_attn_weights = self.self_attn(sublayer_input, attention_mask, cache, output_attentions)
         hidden_states = self.self_attn_add_norm(hidden_states, attended)
         sublayer_input = self.encoder_attn_add_norm.sublayer_input(hidden_states)
         attended, cross_attn_weights = self.encoder_attn(
-            sublayer_input, encoder_hidden_states, tokens, encoder_attention_mask, cache, output_attentions
+            sublayer_input, encoder_hidden_states, encoder_attention_mask, cache, output_attentions
         )
         hidden_states = self.encoder_attn_add_norm(hidden_states, attended)
         transformed = self.feed_forward(self.feed_forward_add_norm.sublayer_input(hidden_states))
         return self.feed_forward_add_norm(hidden_states, transformed), self_attn_weights, cross_attn_weights
 
 
-class TransformerPreTrainedModel(PreTrainedModel):
+class TransformerPreTrainedModel(VerifiedLoading, PreTrainedModel):
     config: TransformerConfig
-    config_class = TransformerConfig
     base_model_prefix = "model"
-    main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["EncoderLayer", "DecoderLayer"]
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = True
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args, **kwargs):
-        """`PreTrainedModel.from_pretrained`, naming the source when its weights file cannot be read and refusing
-        weights that hold a NaN or an infinity (a file whose bytes were overwritten loads without an error)."""
-        source = pretrained_model_name_or_path
-        if os.path.isdir(source) and os.path.isfile(os.path.join(source, SAFE_WEIGHTS_NAME)):
-            source = os.path.join(source, SAFE_WEIGHTS_NAME)
-        try:
-            loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        except SafetensorError as error:
-            raise OSError(f"Cannot read the weights in {source}, a truncated or corrupt file: {error}") from error
-        model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading_info) when asked for both
-        non_finite = non_finite_tensors(model.named_parameters())
-        if non_finite:
-            raise ValueError(
-                f"The weights in {source} hold NaN or infinite values ({', '.join(non_finite[:3])}...): the file is "
-                "corrupt, or was saved from a run that diverged. Export it again from a good checkpoint."
-            )
-        return loaded
+    _supports_attention_backend = True  # any function registered in ALL_ATTENTION_FUNCTIONS
+    _can_compile_fullgraph = True  # `PackedMask` and the input checks step aside under torch.compile
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        """Xavier-uniform linear layers (tensor2tensor, fairseq); N(0, d_model^-0.5) embeddings, so that
-        sqrt(d_model)-scaled embeddings start at unit variance; LayerNorm as identity; the sinusoid tables recomputed.
-
-        Xavier on a fused [3 d_model, d_model] Q/K/V matrix equals fairseq's per-projection Xavier with gain 1/sqrt(2).
-        """
+        """Xavier-uniform linear layers (tensor2tensor, fairseq; on the fused Q/K/V matrix it is fairseq's gain
+        1/sqrt(2)), Hugging Face's N(0, init_std) embeddings (init_std = d_model^-0.5: scaled embeddings start at unit
+        variance) and identity LayerNorm; the sinusoid tables recomputed."""
         if isinstance(module, nn.Linear):
             init.xavier_uniform_(module.weight)
             if module.bias is not None:
                 init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            std = self.config.init_std or self.config.d_model**-0.5
-            init.normal_(module.weight, mean=0.0, std=std)
-            # Slicing drops the "already loaded" flag, so check it here or loaded weights would be overwritten.
-            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
-                init.zeros_(module.weight[module.padding_idx])
-        elif isinstance(module, nn.LayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
         elif isinstance(module, SinusoidalPositionalEncoding):
             init.copy_(module.table, module.sinusoids(*module.table.shape))
+        else:
+            super()._init_weights(module)
 
 
 def _resolve(flag: bool | None, config: TransformerConfig, name: str) -> bool:
@@ -413,44 +317,48 @@ class TransformerStack(nn.Module):
         self.layer_norm = nn.LayerNorm(config.d_model) if config.normalize_before else None
 
     def embed(
-        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int = 0
+        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int | torch.Tensor = 0
     ) -> torch.Tensor:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
         if inputs_embeds is None:
-            if past_length == 0:  # later decoding steps feed back the model's own predictions: in range by design
+            if not isinstance(past_length, torch.Tensor) and past_length == 0:  # later steps feed back predictions
                 check_token_ids(input_ids, self.embed_tokens.weight.shape[0])
             inputs_embeds = self.embed_tokens(input_ids)
         length = inputs_embeds.shape[1]
-        if past_length + length > self.config.max_position_embeddings:
-            raise ValueError(
-                f"Sequence of {past_length + length} tokens is longer than max_position_embeddings="
-                f"{self.config.max_position_embeddings}: truncate the input (tokenizer(..., truncation=True, "
-                "max_length=...)) or raise max_position_embeddings in the config."
-            )
-        positions = self.positional_encoding(past_length, length).to(inputs_embeds.dtype)
-        embeddings = inputs_embeds * self.embed_scale + positions
+        check_positions(past_length + length, self.config.max_position_embeddings, self.positions_of)
+        positions = self.positional_encoding(torch.arange(length, device=inputs_embeds.device) + past_length)
+        embeddings = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)
         return apply_dropout(embeddings, p=self.config.dropout, training=self.training)
 
     def run_layers(
-        self, hidden_states: torch.Tensor, tokens: ComputedTokens, output_hidden_states: bool, *args, **kwargs
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None, list[tuple[torch.Tensor | None, ...]]]:
-        """The N layers (3.1), then the final LayerNorm of pre-LN. Returns the output [batch, length, d_model], the
-        input of every layer and the output (if `output_hidden_states`), and the attention weights of each kind
-        (self, cross) as one tuple per kind over the layers."""
+        self,
+        hidden_states: torch.Tensor,
+        mask: PackedMask,
+        output_attentions: bool | None,
+        output_hidden_states: bool | None,
+        *layer_args,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None, list[tuple[torch.Tensor, ...] | None]]:
+        """The N layers (3.1) on the packed tokens, then pre-LN's final LayerNorm. Returns the output, every layer's
+        input and the output, and the attention weights of each kind (self, cross) over the layers (each if asked)."""
+        output_attentions = _resolve(output_attentions, self.config, "output_attentions")
+        output_hidden_states = _resolve(output_hidden_states, self.config, "output_hidden_states")
         all_hidden_states, all_weights = [], []
+        hidden_states = mask.pack(hidden_states)
         for layer in self.layers:
-            if output_hidden_states:
-                all_hidden_states.append(tokens.unpack(hidden_states))
-            hidden_states, *weights = layer(hidden_states, *args, **kwargs)
+            all_hidden_states.append(mask.unpack(hidden_states) if output_hidden_states else None)
+            hidden_states, *weights = layer(hidden_states, mask, *layer_args, output_attentions)
             all_weights.append(weights)
-        hidden_states = tokens.unpack(hidden_states if self.layer_norm is None else self.layer_norm(hidden_states))
+        hidden_states = mask.unpack(hidden_states if self.layer_norm is None else self.layer_norm(hidden_states))
         all_hidden_states = (*all_hidden_states, hidden_states) if output_hidden_states else None
-        return hidden_states, all_hidden_states, list(zip(*all_weights, strict=True))
+        weights = [kind if output_attentions else None for kind in zip(*all_weights, strict=True)]
+        return hidden_states, all_hidden_states, weights
 
 
 class TransformerEncoder(TransformerStack):
     """The encoder: N identical layers over the embedded source (3.1)."""
+
+    positions_of = "the source"
 
     def __init__(self, config: TransformerConfig):
         super().__init__(config, [EncoderLayer(config) for _ in range(config.encoder_layers)])
@@ -464,22 +372,20 @@ class TransformerEncoder(TransformerStack):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
     ) -> BaseModelOutput:
-        output_attentions = _resolve(output_attentions, self.config, "output_attentions")
-        output_hidden_states = _resolve(output_hidden_states, self.config, "output_hidden_states")
         hidden_states = self.embed(input_ids, inputs_embeds)
-        # Padding is masked as keys, so no real output depends on what the layers compute there: skip it (the
-        # output there is zeros).
-        tokens = ComputedTokens(attention_mask)
-        # None when nothing is padded, so sdpa can take its fastest path.
-        attention_mask = create_bidirectional_mask(self.config, hidden_states, attention_mask)
+        # Padding is masked as keys, so no real output depends on what the layers compute there: skip it (the output
+        # there is zeros). The prepared mask is None when nothing is padded, so sdpa can take its fastest path.
+        mask = PackedMask(attention_mask, create_bidirectional_mask(self.config, hidden_states, attention_mask))
         hidden_states, all_hidden_states, (attentions,) = self.run_layers(
-            tokens.pack(hidden_states), tokens, output_hidden_states, tokens, attention_mask, output_attentions
+            hidden_states, mask, output_attentions, output_hidden_states
         )
-        return BaseModelOutput(hidden_states, all_hidden_states, attentions if output_attentions else None)
+        return BaseModelOutput(hidden_states, all_hidden_states, attentions)
 
 
 class TransformerDecoder(TransformerStack):
     """The decoder: N identical layers over the embedded target, shifted right by one position (3.1)."""
+
+    positions_of = "the target"
 
     def __init__(self, config: TransformerConfig):
         super().__init__(config, [DecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)])
@@ -496,62 +402,42 @@ class TransformerDecoder(TransformerStack):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        positions_needed: torch.Tensor | None = None,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
-        """positions_needed: boolean [batch, length], the positions whose outputs will be used (default: all). Without a
-        cache, the positions after the last needed one of each row are not computed (zeros in the output): under the
-        causal mask no earlier position depends on them, so this skips the target padding of a training batch."""
+        """Without a cache, the positions after each row's last one that `attention_mask` marks are not computed
+        (zeros in the output): under the causal mask no earlier position depends on them."""
         if encoder_hidden_states is None:
             raise ValueError("The decoder attends to the encoder output: pass encoder_hidden_states.")
-        output_attentions = _resolve(output_attentions, self.config, "output_attentions")
-        output_hidden_states = _resolve(output_hidden_states, self.config, "output_hidden_states")
-        if _resolve(use_cache, self.config, "use_cache") and cache is None:
-            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         if not _resolve(use_cache, self.config, "use_cache"):
             cache = None
+        elif cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
 
         past_length = cache.get_seq_length() if cache is not None else 0
         hidden_states = self.embed(input_ids, inputs_embeds, past_length)
-        tokens = ComputedTokens.causal(positions_needed if cache is None else None)
-        self_attn_mask = create_causal_mask(
-            self.config,
-            hidden_states,
-            attention_mask,
-            **{CACHE_NAME: cache.self_attention_cache if cache is not None else None},
+        self_attention_cache = cache.self_attention_cache if cache is not None else None
+        self_mask = PackedMask.causal(
+            attention_mask if cache is None else None,
+            create_causal_mask(self.config, hidden_states, attention_mask, **{CACHE_NAME: self_attention_cache}),
         )
-        encoder_attention_mask = create_bidirectional_mask(
-            self.config, hidden_states, encoder_attention_mask, encoder_hidden_states=encoder_hidden_states
+        cross_mask = self_mask.with_mask(
+            create_bidirectional_mask(
+                self.config, hidden_states, encoder_attention_mask, encoder_hidden_states=encoder_hidden_states
+            )
         )
-
         hidden_states, all_hidden_states, (self_attentions, cross_attentions) = self.run_layers(
-            tokens.pack(hidden_states),
-            tokens,
-            output_hidden_states,
-            encoder_hidden_states,
-            tokens,
-            self_attn_mask,
-            encoder_attention_mask,
-            cache=cache,
-            output_attentions=output_attentions,
+            hidden_states, self_mask, output_attentions, output_hidden_states, encoder_hidden_states, cross_mask, cache
         )
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
-            **{CACHE_NAME: cache},
             hidden_states=all_hidden_states,
-            attentions=self_attentions if output_attentions else None,
-            cross_attentions=cross_attentions if output_attentions else None,
+            attentions=self_attentions,
+            cross_attentions=cross_attentions,
+            **{CACHE_NAME: cache},
         )
 
 
-def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
-    """Teacher forcing: the decoder input is the target shifted right by one, starting with the start token."""
-    decoder_input_ids = labels.roll(1, dims=-1)  # not labels[:, :-1], whose length would make torch.compile
-    decoder_input_ids[:, 0] = decoder_start_token_id  # specialise short targets
-    return decoder_input_ids.masked_fill_(decoder_input_ids == -100, pad_token_id)
-
-
 class TransformerModel(TransformerPreTrainedModel):
-    """Encoder and decoder without the output projection; returns the decoder's last hidden states."""
+    """Encoder and decoder without the output projection (`AutoModel`): returns the decoder's last hidden states."""
 
     _tied_weights_keys = {"decoder.embed_tokens.weight": "encoder.embed_tokens.weight"}
 
@@ -565,15 +451,15 @@ class TransformerModel(TransformerPreTrainedModel):
         return self.encoder.embed_tokens
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
-        if not self.config.tie_word_embeddings:  # the target side has its own matrix: keep it the same size
-            self.decoder.embed_tokens = self._get_resized_embeddings(self.decoder.embed_tokens, value.num_embeddings)
+        if not self.config.tie_word_embeddings:  # the target side has its own matrix: resize it alike
+            old = self.decoder.embed_tokens
+            resized = nn.Embedding(value.num_embeddings, old.embedding_dim, old.padding_idx).to(old.weight)
+            self._init_weights(resized)
+            rows = min(old.num_embeddings, value.num_embeddings)
+            with torch.no_grad():
+                resized.weight[:rows] = old.weight[:rows]
+            self.decoder.embed_tokens = resized
         self.encoder.embed_tokens = value
-
-    def get_encoder(self) -> TransformerEncoder:
-        return self.encoder
-
-    def get_decoder(self) -> TransformerDecoder:
-        return self.decoder
 
     @can_return_tuple
     def forward(
@@ -589,15 +475,7 @@ class TransformerModel(TransformerPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        decoder_positions_needed: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
     ) -> Seq2SeqModelOutput:
-        r"""
-        decoder_positions_needed: boolean [batch, target_length], the decoder positions whose outputs will be used; the
-            positions after the last needed one of each row are then not computed (see `TransformerDecoder`).
-        past_key_values: `cache` under its name before transformers 5.24.
-        """
-        cache = cache if cache is not None else past_key_values
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids, attention_mask, inputs_embeds, output_attentions, output_hidden_states
@@ -614,26 +492,23 @@ class TransformerModel(TransformerPreTrainedModel):
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            positions_needed=decoder_positions_needed,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME)},
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
+            **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME)},
         )
 
 
 class TransformerForConditionalGeneration(TransformerPreTrainedModel, GenerationMixin):
-    """The full translation model: encoder-decoder plus the pre-softmax projection onto the vocabulary (3.4).
-
-    With `labels`, the decoder input is the labels shifted right and the loss is the mean token cross-entropy
-    (positions labelled -100 ignored).
-    """
+    """The full translation model: encoder-decoder plus the pre-softmax projection onto the vocabulary (3.4). With
+    `labels`, the decoder reads them shifted right and the loss is section 5.4's: cross-entropy per target token with
+    label smoothing `config.label_smoothing`."""
 
     _tied_weights_keys = {"lm_head.weight": "model.encoder.embed_tokens.weight"}
 
@@ -642,17 +517,10 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         self.model = TransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
-        # The paper's decoding (6.1): beam size 4, length penalty 0.6. Saved as generation_config.json, so a loaded
-        # model decodes the same way; a generation_config.json in the folder replaces these defaults.
+        # The paper's decoding (6.1), saved with the model (generation_config.json) unless a trainer sets others.
         self.generation_config.num_beams = 4
         self.generation_config.length_penalty = 0.6
         self.generation_config.max_length = min(256, config.max_position_embeddings)
-
-    def get_encoder(self) -> TransformerEncoder:
-        return self.model.encoder
-
-    def get_decoder(self) -> TransformerDecoder:
-        return self.model.decoder
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -679,71 +547,54 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        num_items_in_batch: int | torch.Tensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        label_smoothing: float | None = None,
+        return_logits: bool | None = None,
         past_key_values: Cache | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput:
         r"""
-        labels: target token ids [batch, target_length]; -100 marks positions that count in no loss.
-        logits_to_keep: the decoder positions to project onto the vocabulary, as in other Hugging Face models: an int
-            keeps the last that many (0: all), a boolean [batch, target_length] mask keeps its True positions and
-            flattens the logits to [kept, vocab_size]. Training with `logits_to_keep=labels != -100` skips the output
-            projection and the softmax on padding, which are the largest per-token costs after the layers; without a
-            cache, a boolean mask also spares the decoder layers the positions after each row's last True.
-        num_items_in_batch: number of target tokens over all accumulated micro-batches (passed by the HF Trainer);
-            the summed loss is divided by it so that gradient accumulation weighs every token equally.
+        labels: target ids [batch, target_length], -100 where nothing counts in the loss; without a
+            `decoder_attention_mask`, the decoder stops at each row's last target token (`target_span`).
+        logits_to_keep: the positions to project onto the vocabulary: the last n for an int n (0: all), or a 1D tensor.
+        num_items_in_batch: target tokens of all accumulated micro-batches (the Hugging Face Trainer passes it): the
+            summed loss is divided by it instead of by this batch's, so that every token weighs equally.
+        label_smoothing: this call's epsilon_ls instead of `config.label_smoothing` (0.0: the plain log-likelihood).
+        return_logits: with `labels`, logits are computed only when asked (the loss never holds them all, `loss.py`).
         past_key_values: `cache` under its name before transformers 5.24 (whose `generate()` passes it so).
         """
-        cache = cache if cache is not None else past_key_values
-        keeps_a_mask = isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.dtype == torch.bool
         if labels is not None:
-            check_token_ids(labels, self.config.vocab_size, ignore_index=-100, name="labels")
+            check_token_ids(labels, self.config.vocab_size, ignore_index=IGNORE_INDEX, name="labels")
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
                 use_cache = False
+            if decoder_attention_mask is None:
+                decoder_attention_mask = target_span(labels)
         outputs = self.model(
             input_ids,
             attention_mask,
             decoder_input_ids,
             decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            cache=cache,
+            cache=cache if cache is not None else past_key_values,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            decoder_positions_needed=logits_to_keep if keeps_a_mask else None,
         )
-        logits = self.lm_head(keep_positions(outputs.last_hidden_state, logits_to_keep))
-
-        loss = None
+        hidden_states = outputs.last_hidden_state
+        loss = logits = None
         if labels is not None:
-            kept_labels = keep_positions(labels[..., None], logits_to_keep)[..., 0]
-            per_token = num_items_in_batch is not None
-            reduction = "sum" if per_token else "mean"
-            loss = F.cross_entropy(logits.flatten(0, -2), kept_labels.flatten(), ignore_index=-100, reduction=reduction)
-            if per_token:
-                loss = loss / num_items_in_batch
-        return Seq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            **{CACHE_NAME: getattr(outputs, CACHE_NAME)},
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
-        )
+            smoothing = self.config.label_smoothing if label_smoothing is None else label_smoothing
+            loss = translation_loss(hidden_states, self.lm_head.weight, labels, smoothing, num_items_in_batch)
+        if labels is None or return_logits:
+            keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+            logits = self.lm_head(hidden_states[:, keep])
+        # Every field of the model's output (cache, hidden states, attentions) but its last hidden states.
+        fields = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
+        return Seq2SeqLMOutput(loss=loss, logits=logits, **fields)
 
 
-parse_forward_signature_once(TransformerForConditionalGeneration)
-
-__all__ = [
-    "TransformerForConditionalGeneration",
-    "TransformerModel",
-    "TransformerPreTrainedModel",
-    "shift_tokens_right",
-]
+__all__ = ["TransformerForConditionalGeneration", "TransformerModel", "TransformerPreTrainedModel"]

@@ -1,5 +1,5 @@
-"""The training logic: teacher forcing with label smoothing, Adam with the paper's warm-up schedule, and evaluation by
-loss, perplexity and BLEU/chrF of beam-search translations."""
+"""The training logic: the model's own loss (teacher forcing with label smoothing), Adam with the paper's warm-up
+schedule, and evaluation by loss, perplexity and BLEU/chrF of beam-search translations."""
 
 import dataclasses
 import difflib
@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerFast
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
 from hf_transformer.errors import CheckpointError, ConfigError, TrainingDiverged
 from hf_transformer.integrity import non_finite_tensors
-from hf_transformer.loss import translation_loss
+from hf_transformer.loss import IGNORE_INDEX
 from hf_transformer.translate import beam_search
 
 from .callbacks import ExactResume
@@ -27,6 +27,9 @@ from .tokenization import model_vocabulary
 
 # Validation rows kept for the logger's sample table and the end-of-run summary.
 NUM_LOGGED_SAMPLES = 8
+# Training batches between reads of the count of non-finite losses, which is kept on the device so that no step waits
+# for the GPU; it is also read before every checkpoint, so no checkpoint is saved after a non-finite loss.
+NON_FINITE_CHECK_INTERVAL = 100
 
 
 def inverse_sqrt_lr_lambda(peak_lr: float, warmup_steps: int) -> Callable[[int], float]:
@@ -77,8 +80,9 @@ def check_resumable(path: str, checkpoint: dict[str, Any]) -> None:
         version = checkpoint.get("hf_transformer_version", "a version before 0.2.0")
         raise CheckpointError(
             f"{path} was written by hf-transformer {version}, whose training module took {', '.join(unknown[:4])}; "
-            f"this version ({importlib.metadata.version('hf-transformer')}) takes the model as model.preset and "
-            "model.config. Resume it with the version that wrote it, or export it (hf-transformer export "
+            f"this version ({importlib.metadata.version('hf-transformer')}) takes every model setting, label smoothing "
+            "included, under model.preset and model.config. Resume it with the version that wrote it, or export it "
+            "(hf-transformer export "
             f"{path} exports/old) and train on from that folder with --model.init_from exports/old."
         )
 
@@ -87,7 +91,6 @@ def check_training_settings(hparams: dict[str, Any]) -> None:
     """Refuse settings that would fail only later (a division by zero in the schedule, a loss error after the
     sanity check), naming the setting."""
     rules = {
-        "label_smoothing": (lambda value: 0 <= value < 1, "must be in [0, 1) (the paper uses 0.1)"),
         "warmup_steps": (lambda value: value >= 1, "must be at least 1 (the paper warms up for 4000 steps)"),
         "peak_lr": (lambda value: value is None or value > 0, "must be positive, or null for the paper's schedule"),
         "eps": (lambda value: value > 0, "must be positive (the paper uses 1e-9)"),
@@ -97,6 +100,14 @@ def check_training_settings(hparams: dict[str, Any]) -> None:
     for name, (is_valid, rule) in rules.items():
         if not is_valid(hparams[name]):
             raise ConfigError(f"model.{name}={hparams[name]!r} {rule}")
+
+
+def check_module_arguments(arguments: dict[str, Any]) -> None:
+    """Everything `TranslationModule` checks before building anything, from its arguments alone: the training settings
+    and the model config (unless the model comes from `init_from`). Raises `ConfigError` naming the setting."""
+    check_training_settings(arguments)
+    if arguments["init_from"] is None:
+        model_config(arguments["preset"], arguments["config"], vocabulary={})
 
 
 class TranslationModule(pl.LightningModule):
@@ -114,7 +125,6 @@ class TranslationModule(pl.LightningModule):
             max_position_embeddings: 128}; a later config file that sets it replaces it whole, --model.config.KEY
             overrides one field.
         init_from: a saved model (folder or Hub id) to train further instead of a new one.
-        label_smoothing: epsilon_ls (section 5.4).
         peak_lr: the learning rate at the end of the warm-up, then decaying with the inverse square root of the step;
             None is the paper's schedule (eq. 3), whose peak is (d_model * warmup_steps)^-0.5.
         warmup_steps: steps of linear warm-up (4000 in the paper).
@@ -134,7 +144,6 @@ class TranslationModule(pl.LightningModule):
         preset: Literal["base", "big"] = "base",
         config: dict[str, Any] | None = None,
         init_from: str | None = None,
-        label_smoothing: float = 0.1,
         peak_lr: float | None = None,
         warmup_steps: int = 4000,
         betas: tuple[float, float] = (0.9, 0.98),
@@ -161,8 +170,8 @@ class TranslationModule(pl.LightningModule):
         unknown = self.model.generation_config.update(**(generation or {}))
         if unknown:
             raise ConfigError(f"model.generation: {sorted(unknown)} are not GenerationConfig fields")
-        self.label_smoothing = label_smoothing
         # Module dicts, so Lightning moves the metrics to the device with the model.
+        self.register_buffer("non_finite_losses", torch.zeros((), dtype=torch.long), persistent=False)
         self.bleu = nn.ModuleDict({stage: SacreBLEUScore(tokenize="13a") for stage in ("val", "test")})
         self.chrf = nn.ModuleDict({stage: CHRFScore(n_word_order=0) for stage in ("val", "test")})
         self._samples: list[list[str]] = []
@@ -186,18 +195,28 @@ class TranslationModule(pl.LightningModule):
         method = type(self).training_loss.__get__(self)
         self.training_loss = torch.compile(method, dynamic=True, backend=backend)
 
-    def training_loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The summed label-smoothed loss over the target tokens of `batch` and their number (`translation_loss`)."""
-        return translation_loss(self.model, batch, self.label_smoothing)
+    def training_loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The model's loss on `batch`: label-smoothed cross-entropy per target token (`config.label_smoothing`)."""
+        return self.model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
+        ).loss
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        loss_sum, target_tokens = self.training_loss(batch)
-        loss = loss_sum / target_tokens
-        if not torch.isfinite(loss):
-            raise TrainingDiverged(f"Training loss is {loss.item()} at step {self.global_step}. {self.resume_hint()}")
+        loss = self.training_loss(batch)
+        self.non_finite_losses += ~torch.isfinite(loss.detach())
         self.log("train/loss", loss, prog_bar=True)
-        self.log("train/target_tokens", target_tokens.float(), reduce_fx="sum")
         return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if (batch_idx + 1) % NON_FINITE_CHECK_INTERVAL == 0:
+            self.stop_if_diverged()
+
+    def stop_if_diverged(self) -> None:
+        """Raise `TrainingDiverged` if a loss since the last check was NaN or infinite (one read from the device)."""
+        if int(self.non_finite_losses):
+            raise TrainingDiverged(
+                f"The training loss became NaN or infinite before step {self.global_step}. {self.resume_hint()}"
+            )
 
     def configure_optimizers(self):
         hparams = self.hparams
@@ -229,7 +248,12 @@ class TranslationModule(pl.LightningModule):
         self._evaluate(batch, "test")
 
     def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
-        loss_sum, target_tokens = translation_loss(self.model, batch)
+        labels = batch["labels"]
+        target_tokens = (labels != IGNORE_INDEX).sum()
+        nll = self.model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels, label_smoothing=0.0
+        ).loss
+        loss_sum = nll * target_tokens
         batch_size = batch["input_ids"].shape[0]
         # Summed over batches and ranks, then divided: the corpus-level per-token loss.
         self.log(f"{stage}/nll_sum", loss_sum, reduce_fx="sum", sync_dist=True, batch_size=batch_size)
@@ -302,7 +326,9 @@ class TranslationModule(pl.LightningModule):
         )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # A checkpoint is a state to resume from: one with non-finite weights would fail again at every resume.
+        # A checkpoint is a state to resume from: one after a non-finite loss, or with non-finite weights, would fail
+        # again at every resume.
+        self.stop_if_diverged()
         non_finite = non_finite_tensors(checkpoint["state_dict"].items())
         if non_finite:
             raise TrainingDiverged(

@@ -151,20 +151,9 @@ def multi30k_dir() -> str:
 
 # A model small enough for a few seconds of training, with checkpoints every 3 steps.
 TINY_RUN = """
+checkpoint:
+  every_n_train_steps: 3
 trainer:
-  callbacks:
-    - class_path: lightning_modules.callbacks.ResumableCheckpoint
-      init_args:
-        dirpath: runs/demo/checkpoints
-        filename: "step{step:06d}"
-        auto_insert_metric_name: false
-        monitor: step
-        mode: max
-        save_top_k: 5
-        save_last: true
-        every_n_train_steps: 3
-        save_on_train_epoch_end: true
-  enable_progress_bar: false
   enable_model_summary: false
   num_sanity_val_steps: 0
   limit_val_batches: 1

@@ -179,8 +179,8 @@ def test_sinusoidal_encoding_matches_the_formula():
     from hf_transformer.modeling_transformer import SinusoidalPositionalEncoding
 
     d_model = 16
-    encoding = SinusoidalPositionalEncoding(50, d_model)(0, 50)
-    assert torch.equal(SinusoidalPositionalEncoding(50, d_model)(7, 3), encoding[7:10])
+    encoding = SinusoidalPositionalEncoding(50, d_model)(torch.arange(50))
+    assert torch.equal(SinusoidalPositionalEncoding(50, d_model)(torch.arange(7, 10)), encoding[7:10])
     for pos in (0, 7, 49):
         for i in range(d_model // 2):
             angle = torch.tensor(pos / 10000 ** (2 * i / d_model))
@@ -215,46 +215,48 @@ def test_shared_embeddings_and_output_projection_are_one_matrix(tiny_config):
     assert untied.lm_head.weight is not untied.model.encoder.embed_tokens.weight
 
 
-def test_loss_is_mean_token_cross_entropy_ignoring_minus_100(tiny_config):
+def test_loss_is_the_papers_label_smoothed_cross_entropy_per_target_token(tiny_config):
     model = make_model(tiny_config)
     source, target = random_batch(tiny_config)
     labels = target.clone()
     labels[0, -2:] = -100
-    out = model(input_ids=source, labels=labels)
-    expected = torch.nn.functional.cross_entropy(out.logits[labels != -100], labels[labels != -100])
+    labels[1, 2] = -100  # between targets: no padding, later positions still attend to it
+    out = model(input_ids=source, labels=labels, return_logits=True)
+    is_target = labels != -100
+    logits = out.logits[is_target]
+    expected = torch.nn.functional.cross_entropy(logits, labels[is_target], label_smoothing=0.1)
+    assert tiny_config.label_smoothing == 0.1  # section 5.4
     torch.testing.assert_close(out.loss, expected)
+    nll = model(input_ids=source, labels=labels, label_smoothing=0.0).loss
+    torch.testing.assert_close(nll, torch.nn.functional.cross_entropy(logits, labels[is_target]))
     # decoder inputs are the labels shifted right behind the start token
     shifted = model.prepare_decoder_input_ids_from_labels(labels)
     assert shifted[:, 0].eq(tiny_config.decoder_start_token_id).all()
-    assert torch.equal(shifted[1, 1:], labels[1, :-1])
+    assert torch.equal(shifted[2, 1:], labels[2, :-1])
     summed = model(input_ids=source, labels=labels, num_items_in_batch=10).loss
-    torch.testing.assert_close(summed, expected * (labels != -100).sum() / 10)
+    torch.testing.assert_close(summed, expected * is_target.sum() / 10)
 
 
-def test_logits_to_keep_gives_the_same_logits_loss_and_gradients_for_the_kept_positions(tiny_config):
+def test_logits_are_computed_only_when_asked_and_change_no_loss_or_gradient(tiny_config):
     model = make_model(tiny_config, dropout=0.0)
     source, target = random_batch(tiny_config)
-    labels = target.clone()
-    labels[0, -3:] = -100
-    labels[2, -1] = -100
-    is_target = labels != -100
-    full = model(input_ids=source, labels=labels)
-    full.loss.backward()
-    full_gradients = {name: p.grad.clone() for name, p in model.named_parameters()}
+    labels = target.masked_fill(torch.arange(target.shape[1]) >= torch.tensor([[7], [4], [6]]), -100)
+    with_logits = model(input_ids=source, labels=labels, return_logits=True)
+    with_logits.loss.backward()
+    gradients = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
 
-    kept = model(input_ids=source, labels=labels, logits_to_keep=is_target)
-    assert kept.logits.shape == (int(is_target.sum()), tiny_config.vocab_size)
-    torch.testing.assert_close(kept.logits, full.logits[is_target])
-    torch.testing.assert_close(kept.loss, full.loss)
-    kept.loss.backward()
+    without = model(input_ids=source, labels=labels)
+    assert without.logits is None  # the loss never holds [tokens, vocabulary] logits
+    torch.testing.assert_close(without.loss, with_logits.loss)
+    without.loss.backward()
     for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, full_gradients[name], msg=name)
+        torch.testing.assert_close(p.grad, gradients[name], msg=name)
 
-    last = model(input_ids=source, labels=labels, logits_to_keep=2)
-    torch.testing.assert_close(last.logits, full.logits[:, -2:])
-    expected = torch.nn.functional.cross_entropy(full.logits[:, -2:].flatten(0, 1), labels[:, -2:].flatten())
-    torch.testing.assert_close(last.loss, expected)
+    full = model(input_ids=source, decoder_input_ids=target).logits
+    torch.testing.assert_close(model(input_ids=source, decoder_input_ids=target, logits_to_keep=2).logits, full[:, -2:])
+    kept = model(input_ids=source, decoder_input_ids=target, logits_to_keep=torch.tensor([0, 3])).logits
+    torch.testing.assert_close(kept, full[:, [0, 3]])
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
@@ -286,11 +288,7 @@ def test_padding_is_not_computed_and_changes_no_logit_loss_or_gradient(tiny_conf
     is_target = labels != -100
     tokens = int(is_target.sum())
     batched = model(
-        input_ids=source,
-        attention_mask=attention_mask,
-        labels=labels,
-        logits_to_keep=is_target,
-        num_items_in_batch=tokens,
+        input_ids=source, attention_mask=attention_mask, labels=labels, num_items_in_batch=tokens, return_logits=True
     )
     batched.loss.backward()
     batched_gradients = {name: p.grad.clone() for name, p in model.named_parameters()}
@@ -302,11 +300,12 @@ def test_padding_is_not_computed_and_changes_no_logit_loss_or_gradient(tiny_conf
     alone_logits, alone_loss = [], 0.0
     for row, (source_length, target_length) in enumerate(zip(source_lengths, target_lengths, strict=True)):
         row_labels = labels[row : row + 1, :target_length]
-        alone = model(input_ids=source[row : row + 1, :source_length], labels=row_labels, num_items_in_batch=tokens)
+        row_source = source[row : row + 1, :source_length]
+        alone = model(input_ids=row_source, labels=row_labels, num_items_in_batch=tokens, return_logits=True)
         alone.loss.backward()
         alone_loss += alone.loss
         alone_logits.append(alone.logits[row_labels != -100])
-    torch.testing.assert_close(batched.logits, torch.cat(alone_logits), atol=1e-5, rtol=0)
+    torch.testing.assert_close(batched.logits[is_target], torch.cat(alone_logits), atol=1e-5, rtol=0)
     torch.testing.assert_close(batched.loss, alone_loss)
     for name, p in model.named_parameters():
         torch.testing.assert_close(batched_gradients[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
@@ -329,8 +328,7 @@ def test_training_flops_count_every_matrix_multiply_of_a_training_step(tiny_conf
 
 
 def test_torch_compile_gives_the_same_loss_and_gradients(tiny_config):
-    """The training step as the speed benchmark's compiled runs take it: padded source, -100 labels, boolean
-    logits_to_keep (whose data-dependent shapes break the graph there)."""
+    """The training step as the speed benchmark's compiled runs take it: padded source, -100 labels."""
     model = make_model(tiny_config)  # eval: no dropout, whose random stream differs under compilation
     source, labels = random_batch(tiny_config)
     attention_mask = torch.ones_like(source)
@@ -339,7 +337,7 @@ def test_torch_compile_gives_the_same_loss_and_gradients(tiny_config):
 
     def loss_and_gradients(forward: Callable) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         model.zero_grad()
-        batch = dict(input_ids=source, attention_mask=attention_mask, labels=labels, logits_to_keep=labels != -100)
+        batch = dict(input_ids=source, attention_mask=attention_mask, labels=labels)
         loss = forward(**batch).loss
         loss.backward()
         return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}

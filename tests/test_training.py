@@ -128,11 +128,13 @@ def test_non_finite_loss_stops_with_a_message_naming_the_checkpoint_that_resumes
     original = TranslationModule.training_loss
 
     def poisoned(self, batch):
-        loss_sum, target_tokens = original(self, batch)
-        return (loss_sum * float("nan") if self.global_step == 4 else loss_sum), target_tokens
+        loss = original(self, batch)
+        return loss * float("nan") if self.global_step == 4 else loss
 
     monkeypatch.setattr(TranslationModule, "training_loss", poisoned)
-    with pytest.raises(FloatingPointError, match=r"loss is nan at step 4.*runs/demo/checkpoints/last\.ckpt"):
+    # The loss is read from the device every NON_FINITE_CHECK_INTERVAL steps and before every checkpoint: the one of
+    # step 6 is not written.
+    with pytest.raises(FloatingPointError, match=r"NaN or infinite before step 6.*runs/demo/checkpoints/last\.ckpt"):
         fit("--trainer.max_steps=10")
     # The state of a diverging run is not saved: last.ckpt is the checkpoint written at step 3.
     assert checkpoint_steps(run_dir) == {"step000003.ckpt": 3, "last.ckpt": 3}
@@ -194,7 +196,7 @@ def test_saved_steps_are_regular_across_epoch_ends(run_dir):
 
 
 def test_config_errors_are_reported_before_any_work(run_dir):
-    for bad in ("--model.d_modle=64", "--model.label_smoothing=high", "--trainer.max_stepz=3"):
+    for bad in ("--model.d_modle=64", "--model.warmup_steps=high", "--trainer.max_stepz=3"):
         started = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "lightning_modules.cli", "fit", "--config", str(DEMO), bad],
@@ -221,7 +223,7 @@ def test_config_errors_are_reported_before_any_work(run_dir):
         ("--model.config.encoder_attention_heads=3", "model.config: TransformerConfig"),
         ("--trainer.max_step=3", "did you mean --trainer.max_steps?"),  # an abbreviation is refused, not expanded
         ("--model.warmup_steps=0", "model.warmup_steps=0 must be at least 1"),
-        ("--model.label_smoothing=1.5", "model.label_smoothing=1.5 must be in [0, 1)"),
+        ("--model.config.label_smoothing=1.5", "TransformerConfig.label_smoothing must be in [0, 1), got 1.5"),
         ("--data.dataset=./no/such/folder", "no/such/folder does not exist"),
     ],
 )
@@ -428,27 +430,37 @@ def test_export_says_which_steps_it_averaged_and_warns_when_they_span_most_of_th
     assert averaging_span_warning([1120, 1140, 1160, 1180, 1200]) is None
 
 
-def checkpoint_callback(config: Path) -> dict:
-    """The init_args of the config's checkpoint callback."""
-    callbacks = yaml.safe_load(config.read_text())["trainer"]["callbacks"]
-    return next(callback["init_args"] for callback in callbacks if "Checkpoint" in callback["class_path"])
+def resolved_config(*configs: Path) -> dict:
+    """The configuration a run of these config files resolves to (`--print_config`), the defaults included."""
+    arguments = ["fit"] + [part for config in configs for part in ("--config", str(config))] + ["--print_config"]
+    output = subprocess.run(
+        [sys.executable, "-m", "lightning_modules.cli", *arguments], capture_output=True, text=True, check=True
+    )
+    return yaml.safe_load(output.stdout)
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda path: path.stem)
-def test_every_config_checkpoints_atomically_and_resumes_only_when_asked(config):
-    trainer = yaml.safe_load(config.read_text())["trainer"]
-    callbacks = [callback["class_path"] for callback in trainer["callbacks"]]
-    assert "lightning_modules.callbacks.ResumableCheckpoint" in callbacks
-    assert not any("OnExceptionCheckpoint" in callback for callback in callbacks)  # it makes fit resume by itself
-    assert {"class_path": "lightning_modules.checkpoint.AtomicCheckpointIO"} in trainer["plugins"]
-    assert checkpoint_callback(config)["save_on_train_epoch_end"] is True
+# wmt14_big.yaml states what differs from wmt14_base.yaml: it is run after it.
+RUNS = [[config] for config in CONFIGS if config.stem != "wmt14_big"] + [
+    [DEMO.parent / "wmt14_base.yaml", DEMO.parent / "wmt14_big.yaml"]
+]
+
+
+@pytest.mark.parametrize("configs", RUNS, ids=lambda configs: configs[-1].stem)
+def test_every_config_checkpoints_atomically_and_resumes_only_when_asked(configs):
+    resolved = resolved_config(*configs)
+    callbacks = [callback["class_path"] for callback in resolved["trainer"]["callbacks"]]
+    assert not any("Checkpoint" in callback for callback in callbacks)  # the one checkpoint callback is `checkpoint`
+    assert resolved["checkpoint"]["save_on_train_epoch_end"] is True  # else the step that ends an epoch is not saved
+    assert resolved["checkpoint"]["save_last"] is True and resolved["checkpoint"]["every_n_train_steps"] > 0
+    assert {"class_path": "lightning_modules.checkpoint.AtomicCheckpointIO"} in resolved["trainer"]["plugins"]
+    assert resolved["trainer"]["default_root_dir"] == f"runs/{configs[-1].stem}"
 
 
 def test_the_demo_keeps_the_last_checkpoints_of_the_run_for_averaging():
     """As section 6.1 averages the last 5 checkpoints of 12 hours, 10 minutes apart: the demo's last 5 lie in the
     last tenth of its steps."""
-    settings = checkpoint_callback(DEMO)
-    max_steps = yaml.safe_load(DEMO.read_text())["trainer"]["max_steps"]
+    resolved = resolved_config(DEMO)
+    settings, max_steps = resolved["checkpoint"], resolved["trainer"]["max_steps"]
     span = settings["every_n_train_steps"] * (settings["save_top_k"] - 1)
     assert settings["save_top_k"] == 5 and span <= max_steps / 10
 

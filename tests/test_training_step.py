@@ -98,13 +98,18 @@ def test_chunked_loss_never_holds_the_logits_of_every_token():
     assert peaks["reference"] > 2 * 1024 and peaks["chunked"] < 1024, peaks
 
 
-def test_translation_loss_equals_the_models_own_loss_with_padding_removed():
-    module = tiny_module(label_smoothing=0.0).eval()
-    batch = padded_batch()
-    loss_sum, target_tokens = translation_loss(module.model, batch)
-    outputs = module.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
-    assert int(target_tokens) == int((batch["labels"] != -100).sum())
-    torch.testing.assert_close(loss_sum / target_tokens, outputs.loss)
+def test_translation_loss_is_the_chunked_loss_of_the_target_positions():
+    """`translation_loss`, which `forward(labels=...)` returns, equals F.cross_entropy over the target positions of
+    full logits, eager and on the compiled path's every-position layout alike."""
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(3, 5, 8), torch.randn(11, 8)
+    labels = torch.randint(0, 11, (3, 5))
+    labels[0, 3:] = labels[2, 1] = -100
+    is_target = labels != -100
+    expected = F.cross_entropy(hidden[is_target] @ weight.T, labels[is_target], label_smoothing=0.1)
+    torch.testing.assert_close(translation_loss(hidden, weight, labels, 0.1), expected)
+    summed = expected * is_target.sum()
+    torch.testing.assert_close(translation_loss(hidden, weight, labels, 0.1, num_items_in_batch=20), summed / 20)
 
 
 def test_the_training_loss_compiles_into_one_graph():
@@ -132,8 +137,7 @@ def test_twenty_real_batches_of_varying_shapes_share_one_compiled_graph():
     shapes = set()
     for _, batch in zip(range(20), data.train_dataloader(), strict=False):
         shapes.add((*batch["input_ids"].shape, batch["labels"].shape[1]))
-        loss_sum, target_tokens = module.training_loss(batch)
-        (loss_sum / target_tokens).backward()
+        module.training_loss(batch).backward()
     assert len(shapes) >= 5, shapes
     assert len(compilations) <= 2
 
@@ -146,9 +150,9 @@ def test_compiled_training_loss_equals_eager_in_loss_and_gradients():
 
     def loss_and_gradients() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         module.zero_grad()
-        loss_sum, target_tokens = module.training_loss(batch)
-        (loss_sum / target_tokens).backward()
-        return loss_sum.detach(), {name: p.grad.clone() for name, p in module.named_parameters()}
+        loss = module.training_loss(batch)
+        loss.backward()
+        return loss.detach(), {name: p.grad.clone() for name, p in module.named_parameters()}
 
     eager_loss, eager_gradients = loss_and_gradients()
     module.compile_training_loss()

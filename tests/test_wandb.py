@@ -155,7 +155,6 @@ def test_offline_run_file_holds_hyperparameters_and_metrics(offline_run):
     records, _ = offline_run
     config = config_of(records)
     assert config["config"]["d_model"] == 16  # the model settings over the preset, one value
-    assert config["label_smoothing"] == 0.1
     assert config["peak_lr"] == PEAK_LR
     assert config["warmup_steps"] == WARMUP_STEPS
     assert config["dataset"] == "synthetic"  # the data module's hyperparameters are merged in

@@ -10,14 +10,16 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import datasets
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from hf_transformer import TransformerConfig
 from hf_transformer.errors import ConfigError
 
+from ..callbacks import ResumableCheckpoint
 from ..checkpoint import read_checkpoint
 from ..data import TranslationDataModule
-from ..module import TranslationModule, check_resumable, check_training_settings, model_config
+from ..module import TranslationModule, check_module_arguments, check_resumable
 
 
 def _is_not_an_advertisement(record: logging.LogRecord) -> bool:
@@ -65,6 +67,21 @@ def model_positions(preset: str, config: dict[str, Any] | None, init_from: str |
     return TransformerConfig.from_preset(preset).max_position_embeddings
 
 
+def place_in_run_folder(config: Namespace) -> None:
+    """The files of a run go into `trainer.default_root_dir` unless a setting names another folder: checkpoints/ and
+    the trained tokenizer in tokenizer/. Set before instantiation: `--ckpt_path last` looks in the checkpoint folder
+    before any callback is set up."""
+    root = Path(config.trainer.default_root_dir or ".")
+    if config.checkpoint.dirpath is None:
+        config.checkpoint.dirpath = str(root / "checkpoints")
+    if config.data.tokenizer is None and config.data.tokenizer_dir is None:
+        config.data.tokenizer_dir = str(root / "tokenizer")
+
+
+# What every run starts from (checkpoints, logging, progress); a config file states only what differs.
+DEFAULTS = str(Path(__file__).with_name("defaults.yaml"))
+
+
 class TranslationCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
         _quiet_output()
@@ -73,13 +90,20 @@ class TranslationCLI(LightningCLI):
             TranslationDataModule,
             args=args,
             parser_class=TranslationArgumentParser,
-            parser_kwargs={"prog": "hf-transformer"},
+            parser_kwargs={
+                "prog": "hf-transformer",
+                **{command: {"default_config_files": [DEFAULTS]} for command in ("fit", "validate", "test")},
+            },
             trainer_defaults={"use_distributed_sampler": False},  # the data module shards its token-budget batches
             save_config_kwargs={"overwrite": True},
             **kwargs,
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # The checkpoint callback of every run, set under `checkpoint:`; a config file states only what differs.
+        parser.add_lightning_class_args(ResumableCheckpoint, "checkpoint")
+        # The logs go into the run folder too.
+        parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
         # The tokenizer decides the vocabulary and special ids: the model takes them from the data module's.
         parser.link_arguments("data.tokenizer", "model.tokenizer", apply_on="instantiate")
         # The model decides how long a sequence may be: the data keeps and cuts pairs to its positions.
@@ -96,12 +120,11 @@ class TranslationCLI(LightningCLI):
             check_resumable(ckpt_path, read_checkpoint(ckpt_path, mmap=True))
 
     def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
         # The data module is built first (the model takes the vocabulary from it) and trains a tokenizer: check the
         # training settings before that work.
-        model = (self.config[self.subcommand] if self.subcommand else self.config).model
-        check_training_settings(model)
-        if model.init_from is None:
-            model_config(model.preset, model.config, vocabulary={})
+        check_module_arguments(config.model)
+        place_in_run_folder(config)
 
     def after_test(self) -> None:
         """Write the test hypotheses, one per line in test-set order, next to the scores."""
