@@ -176,7 +176,7 @@ class TranslationModule(pl.LightningModule):
         self.chrf = nn.ModuleDict({stage: CHRFScore(n_word_order=0) for stage in ("val", "test")})
         self._samples: list[list[str]] = []
         self.val_samples: list[list[str]] = []  # [source, reference, hypothesis] rows of the last validation
-        self._hypotheses: list[tuple[int, str]] = []
+        self._translations: list[tuple[int, str, str]] = []  # (line of the test split, hypothesis, reference)
 
     # --- training ----------------------------------------------------------------------------------------------
 
@@ -268,7 +268,7 @@ class TranslationModule(pl.LightningModule):
             self._samples.extend([source, reference, hypothesis] for source, reference, hypothesis in rows)
             del self._samples[NUM_LOGGED_SAMPLES:]  # a batch may hold more rows than are missing
         if stage == "test":
-            self._hypotheses.extend(zip(batch["index"].tolist(), hypotheses, strict=True))
+            self._translations.extend(zip(batch["index"].tolist(), hypotheses, batch["target_text"], strict=True))
 
     def translate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[str]:
         """Beam search as the model's generation config says (the paper's beam 4, length penalty 0.6), each output
@@ -298,15 +298,16 @@ class TranslationModule(pl.LightningModule):
         self.bleu[stage].reset()
         self.chrf[stage].reset()
 
-    def gathered_test_hypotheses(self) -> list[str]:
-        """The test hypotheses of all ranks, in the order of the test set."""
-        gathered = [self._hypotheses]
+    def gathered_test_translations(self) -> tuple[list[str], list[str]]:
+        """The test hypotheses of all ranks and their references, in the order of the test set."""
+        gathered = [self._translations]
         if self.trainer.world_size > 1:
             gathered = [None] * self.trainer.world_size
-            torch.distributed.all_gather_object(gathered, self._hypotheses)
-        hypotheses = dict(pair for rank_pairs in gathered for pair in rank_pairs)
-        self._hypotheses = []
-        return [hypotheses[index] for index in sorted(hypotheses)]
+            torch.distributed.all_gather_object(gathered, self._translations)
+        by_line = {line: (hypothesis, reference) for rank in gathered for line, hypothesis, reference in rank}
+        self._translations = []
+        pairs = [by_line[line] for line in sorted(by_line)]
+        return [hypothesis for hypothesis, _ in pairs], [reference for _, reference in pairs]
 
     # --- checkpoints: the HF config and the tokenizer travel inside -------------------------------------------
 

@@ -101,7 +101,8 @@ def test_quality_report_runs_on_a_short_run(run_dir):
     )
     report = json.loads(out.read_text())
     assert {"last_checkpoint", "average_last_2"} <= set(report)
-    assert (run_dir / "multi30k_learning_curve.png").exists()
+    assert (run_dir / "quality_learning_curve.png").exists()
+    assert set(report["last_checkpoint"]["test_2016_flickr"]["scores"]) >= {"sacreBLEU", "tokenized BLEU, lowercased"}
 
 
 @pytest.mark.slow

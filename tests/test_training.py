@@ -2,6 +2,7 @@
 
 import csv
 import importlib.metadata
+import json
 import math
 import os
 import signal
@@ -284,13 +285,18 @@ def test_sigterm_saves_a_checkpoint_that_resumes(run_dir):
     assert load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")["global_step"] == target
 
 
-def test_test_command_writes_hypotheses_in_test_set_order(run_dir):
+def test_test_command_writes_hypotheses_in_test_set_order_and_labelled_scores(run_dir, capsys):
     fit("--trainer.max_steps=3")
     main(["test", "--config", str(DEMO), "--config", "tiny.yaml", "--ckpt_path=runs/demo/checkpoints/last.ckpt"])
     hypotheses = next(run_dir.glob("runs/demo/logs/version_*/test_hypotheses.txt")).read_text().splitlines()
     assert len(hypotheses) == 16
-    scores = next(run_dir.glob("runs/demo/logs/version_*/test_scores.json")).read_text()
-    assert "test/bleu" in scores and "test/chrf" in scores
+    scores = json.loads(next(run_dir.glob("runs/demo/logs/version_*/test_scores.json")).read_text())
+    labelled = {"sacreBLEU", "sacreBLEU, lowercased", "chrF", "tokenized BLEU, lowercased"}
+    assert {"test/bleu", "test/chrf"} | labelled <= set(scores)
+    # torchmetrics' corpus BLEU during the test step and sacreBLEU's on the written hypotheses are the same score.
+    assert scores["test/bleu"] == pytest.approx(scores["sacreBLEU"], abs=1e-6)
+    printed = capsys.readouterr().out
+    assert "nrefs:1|case:mixed|eff:no|tok:13a" in printed and "multi-bleu.perl -lc" in printed
 
 
 def test_export_then_from_pretrained_translates_like_the_checkpoint(run_dir):

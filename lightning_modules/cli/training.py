@@ -15,6 +15,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from hf_transformer import TransformerConfig
 from hf_transformer.errors import ConfigError
+from hf_transformer.scoring import format_scores, translation_scores
 
 from ..callbacks import ResumableCheckpoint
 from ..checkpoint import read_checkpoint
@@ -127,14 +128,20 @@ class TranslationCLI(LightningCLI):
         place_in_run_folder(config)
 
     def after_test(self) -> None:
-        """Write the test hypotheses, one per line in test-set order, next to the scores."""
-        hypotheses = self.model.gathered_test_hypotheses()
-        if self.trainer.is_global_zero:
-            folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "test_hypotheses.txt").write_text("".join(f"{line}\n" for line in hypotheses))
-            scores = {
-                name: float(value) for name, value in self.trainer.callback_metrics.items() if name.startswith("test/")
-            }
-            (folder / "test_scores.json").write_text(json.dumps(scores, indent=2) + "\n")
-            print(f"Test hypotheses and scores written to {folder}")
+        """Write the test hypotheses, one per line in test-set order, and every score a paper might report (each
+        labelled with how it was computed, `hf_transformer.scoring`) next to them, and print the scores."""
+        hypotheses, references = self.model.gathered_test_translations()
+        if not self.trainer.is_global_zero:
+            return
+        folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "test_hypotheses.txt").write_text("".join(f"{line}\n" for line in hypotheses))
+        target_lang = self.datamodule.hparams.target_lang
+        scores = translation_scores(hypotheses, references, target_lang if len(target_lang) == 2 else "en")
+        # name -> value, as `hf-transformer push --results` reads it; how each was computed is printed below.
+        values = {
+            name: float(value) for name, value in self.trainer.callback_metrics.items() if name.startswith("test/")
+        }
+        values.update({score.name: score.value for score in scores})
+        (folder / "test_scores.json").write_text(json.dumps(values, indent=2) + "\n")
+        print(f"{format_scores(scores)}\nTest hypotheses and scores written to {folder}")

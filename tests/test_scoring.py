@@ -1,0 +1,59 @@
+"""`translation_scores`: every score a paper might report, each what its label says."""
+
+import pytest
+from sacrebleu.metrics import BLEU
+
+from hf_transformer.scoring import format_scores, translation_scores
+
+REFERENCES = ["Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.", "Ein Boston-Terrier läuft über Gras."]
+
+
+def by_name(hypotheses: list[str], references: list[str] = REFERENCES, lang: str = "de") -> dict[str, float]:
+    return {score.name: score.value for score in translation_scores(hypotheses, references, lang)}
+
+
+def test_the_references_score_100_on_every_measure():
+    scores = by_name(REFERENCES)
+    assert set(scores) == {
+        "sacreBLEU",
+        "sacreBLEU, lowercased",
+        "chrF",
+        "tokenized BLEU, lowercased",
+        "tokenized BLEU, compounds split",
+    }
+    assert all(value == pytest.approx(100) for value in scores.values())
+
+
+def test_case_counts_only_where_the_label_says_so():
+    lowered = by_name([reference.lower() for reference in REFERENCES])
+    assert lowered["sacreBLEU, lowercased"] == pytest.approx(100)
+    assert lowered["tokenized BLEU, lowercased"] == pytest.approx(100)
+    assert lowered["sacreBLEU"] < 100 and lowered["tokenized BLEU, compounds split"] < 100
+
+
+def test_tokenized_bleus_score_moses_tokens_and_split_compounds_as_labelled():
+    hypotheses = ["Ein Mann mit einem orangen Hut, der etwas anstarrt.", "Ein Boston-Hund läuft über Gras."]
+    scores = by_name(hypotheses)
+    moses = ["Ein Mann mit einem orangen Hut , der etwas anstarrt .", "Ein Boston-Hund läuft über Gras ."]
+    references = [
+        "Ein Mann mit einem orangefarbenen Hut , der etwas anstarrt .",
+        "Ein Boston-Terrier läuft über Gras .",
+    ]
+    lowercased = BLEU(tokenize="none", lowercase=True).corpus_score(moses, [references]).score
+    assert scores["tokenized BLEU, lowercased"] == pytest.approx(lowercased)
+    split = [line.replace("Boston-", "Boston ##AT##-##AT## ") for line in moses]
+    split_references = [line.replace("Boston-", "Boston ##AT##-##AT## ") for line in references]
+    compounds = BLEU(tokenize="none").corpus_score(split, [split_references]).score
+    assert scores["tokenized BLEU, compounds split"] == pytest.approx(compounds)
+
+
+def test_other_target_languages_have_no_compound_splitting_and_mismatches_are_refused():
+    assert "tokenized BLEU, compounds split" not in by_name(["a dog runs"], ["a dog runs"], "en")
+    with pytest.raises(ValueError, match="1 hypotheses for 2 references"):
+        translation_scores(["one"], REFERENCES, "de")
+
+
+def test_the_printed_table_labels_each_score_with_how_it_was_computed():
+    table = format_scores(translation_scores(REFERENCES, REFERENCES, "de"))
+    assert "nrefs:1|case:mixed|eff:no|tok:13a" in table and "case:lc" in table
+    assert "multi-bleu.perl -lc" in table and "get_ende_bleu.sh" in table
