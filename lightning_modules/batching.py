@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from hf_transformer.errors import DataError
+from hf_transformer.loss import IGNORE_INDEX
 from hf_transformer.token_budget import pack_token_budget
 
 
@@ -191,7 +192,7 @@ class TranslationCollator:
         batch = {
             "input_ids": input_ids,
             "attention_mask": (torch.arange(input_ids.shape[1]) < lengths[:, None]).long(),
-            "labels": _pad(targets, -100),
+            "labels": _pad(targets, IGNORE_INDEX),
         }
         if "source_text" in rows[0]:
             batch["source_text"] = [row["source_text"] for row in rows]

@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import WandbLogger
 
 from hf_transformer.errors import ConfigError, EarlierRunFound
 from hf_transformer.integrity import non_finite_tensors
+from hf_transformer.loss import IGNORE_INDEX
 
 
 class ExactResume(pl.Callback):
@@ -80,7 +81,7 @@ class TranslationThroughput(pl.Callback):
     ) -> None:
         labels, attention_mask = batch["labels"], batch["attention_mask"]
         # Counted on the device and read only when logging, so no step waits for the GPU.
-        source_lengths, target_lengths = attention_mask.sum(-1), (labels != -100).sum(-1)
+        source_lengths, target_lengths = attention_mask.sum(-1), (labels != IGNORE_INDEX).sum(-1)
         target_tokens = target_lengths.sum()
         self._target_tokens += target_tokens
         self._real_tokens += source_lengths.sum() + target_tokens

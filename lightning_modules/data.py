@@ -1,5 +1,6 @@
 """`TranslationDataModule`: parallel text from any source -> tokenized, filtered, token-budget batches."""
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -7,8 +8,8 @@ import lightning.pytorch as pl
 import numpy as np
 import torch.distributed as dist
 from datasets import Dataset
-from datasets.fingerprint import Hasher
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerFast
 
@@ -22,7 +23,6 @@ from .tokenization import (
     has_saved_tokenizer,
     load_tokenizer,
     save_tokenizer,
-    tokenizer_fingerprint,
     train_bpe_tokenizer,
 )
 
@@ -31,8 +31,6 @@ _ROWS_PER_TOKENIZER_PROCESS = 50_000
 # Above this share of `<unk>` among the training tokens, the tokenizer does not fit the data: training stops. Above
 # the lower one, it warns. A BPE vocabulary trained on the same data has next to none.
 _UNKNOWN_RATE_ERROR, _UNKNOWN_RATE_WARNING = 0.05, 0.005
-# Part of the tokenized data's cache key: change it whenever `_encode_pairs` changes.
-_ENCODING = "encode_pairs-v2"
 _ROLES_OF_STAGE = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), "predict": ("test",)}
 
 
@@ -198,11 +196,13 @@ class TranslationDataModule(pl.LightningDataModule):
         return pairs.map(
             _encode_pairs,
             batched=True,
-            fn_kwargs={"tokenizer": self.tokenizer, "unknown_id": self.tokenizer.unk_token_id},
+            # The tokenizer as its JSON text: datasets hashes a text reliably (a tokenizer object it does not), so the
+            # cache of a split tokenized with other settings is never taken.
+            fn_kwargs={
+                "tokenizer": self.tokenizer.backend_tokenizer.to_str(),
+                "unknown_id": self.tokenizer.unk_token_id,
+            },
             num_proc=num_proc if num_proc > 1 else None,
-            # datasets hashes a tokenizer object unreliably, and has no public accessor for a dataset's fingerprint:
-            # `_fingerprint` is the one private attribute read here (datasets 5.2).
-            new_fingerprint=Hasher.hash([pairs._fingerprint, tokenizer_fingerprint(self.tokenizer), _ENCODING]),
             desc="Tokenizing",
         )
 
@@ -311,11 +311,16 @@ class TranslationDataModule(pl.LightningDataModule):
         )
 
 
-def _encode_pairs(
-    batch: dict[str, list[str]], tokenizer: PreTrainedTokenizerFast, unknown_id: int | None
-) -> dict[str, list[Any]]:
-    source = tokenizer(batch["source_text"])["input_ids"]
-    target = tokenizer(batch["target_text"])["input_ids"]
+@functools.lru_cache(maxsize=2)
+def _tokenizer(state: str) -> Tokenizer:
+    return Tokenizer.from_str(state)
+
+
+def _encode_pairs(batch: dict[str, list[str]], tokenizer: str, unknown_id: int | None) -> dict[str, list[Any]]:
+    """Ids (with the tokenizer's special tokens), lengths and unknown-token counts of a batch of pairs; `tokenizer` is
+    the tokenizer's JSON text."""
+    source = [encoding.ids for encoding in _tokenizer(tokenizer).encode_batch(batch["source_text"])]
+    target = [encoding.ids for encoding in _tokenizer(tokenizer).encode_batch(batch["target_text"])]
     return {
         "input_ids": source,
         "labels": target,

@@ -1,6 +1,5 @@
 """The tokenizer: load an existing one, or train a joint BPE vocabulary on the training pairs (as in the paper)."""
 
-import hashlib
 import json
 import os
 import tempfile
@@ -110,9 +109,3 @@ def check_trained_on(directory: str | Path, trained_on: dict[str, Any]) -> None:
 
 def has_saved_tokenizer(directory: str | Path | None) -> bool:
     return directory is not None and (Path(directory) / "tokenizer.json").is_file()
-
-
-def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerFast) -> str:
-    """A hash of everything that changes the ids a tokenizer produces (vocabulary, merges, pipeline, special tokens)."""
-    state = tokenizer.backend_tokenizer.to_str() + repr(sorted(tokenizer.special_tokens_map.items()))
-    return hashlib.sha256(state.encode()).hexdigest()[:16]
