@@ -3,8 +3,8 @@
 The model goes through its stock Marian equivalent (`to_marian`) and a loader of CTranslate2's Transformers
 converter, though not its Marian loader: that one assumes an OPUS-MT model, whose decoder starts from a zero embedding
 with </s> as the start token and whose vocabulary ends with an extra <pad> row that it deletes. Ours starts from the
-embedding of `decoder_start_token_id` (<s>) and every row is a real token, so `_MarianLoader` keeps the start token
-and the whole vocabulary (CTranslate2's BART loader does both) with Marian's post-LN layout.
+embedding of `decoder_start_token_id` (<s>) and every row is a real token: CTranslate2's BART loader keeps both, and
+reads Marian's post-LN layout once the Marian config states it.
 
 Needs the optional `ctranslate2` package: `pip install 'hf-transformer[ctranslate2]'`.
 """
@@ -36,16 +36,6 @@ __all__ = ["CTranslate2Translator", "to_ctranslate2"]
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 
 
-class _MarianLoader(BartLoader):
-    """CTranslate2's BART loader with Marian's layout: post-LN, no LayerNorm on the embeddings. The BART loader
-    starts the decoder from `decoder_start_token_id` and keeps every vocabulary row, as our model needs."""
-
-    def get_model_spec(self, model):
-        model.config.normalize_before = False
-        model.config.normalize_embedding = False
-        return super().get_model_spec(model)
-
-
 def to_ctranslate2(
     model: TransformerForConditionalGeneration,
     tokenizer: PreTrainedTokenizerBase,
@@ -65,7 +55,11 @@ def to_ctranslate2(
             f"{model.config.vocab_size}-token vocabulary ({len(vocabulary)} tokens, ids {vocabulary[0][1]} to "
             f"{vocabulary[-1][1]}): pass the tokenizer the model was trained with."
         )
-    spec = _MarianLoader()(to_marian(model), tokenizer)
+    marian = to_marian(model)
+    # What the BART loader reads of the layout, which Marian's config does not state: post-LN, no embedding LayerNorm.
+    marian.config.normalize_before = False
+    marian.config.normalize_embedding = False
+    spec = BartLoader()(marian, tokenizer)
     spec.validate()
     spec.optimize(quantization=quantization)
     folder = Path(folder)
