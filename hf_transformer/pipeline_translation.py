@@ -41,7 +41,9 @@ class TranslationPipeline(Pipeline):
 
     def __call__(self, inputs: str | list[str], **kwargs: Any) -> list:
         """One `[{"translation_text": ...}]` per sentence; a list of sentences with one translation each gives a
-        flat list of dicts, as transformers 4's translation pipeline did."""
+        flat list of dicts, as transformers 4's translation pipeline did; an empty list gives an empty list."""
+        if isinstance(inputs, list) and not inputs:
+            return []  # transformers' Pipeline reads inputs[0]
         results = super().__call__(inputs, **kwargs)
         if isinstance(inputs, list) and all(len(result) == 1 for result in results):
             return [result[0] for result in results]
