@@ -174,7 +174,8 @@ def format_alignment(pairs: list[tuple[int, int]]) -> str:
     return " ".join(f"{source}-{target}" for source, target in pairs)
 
 
-def _figure_type() -> type[Figure]:
+def figure_class() -> type[Figure]:
+    """matplotlib's Figure, or a `MissingExtra` naming the extra that installs it."""
     try:
         from matplotlib.figure import Figure
     except ImportError as err:
@@ -198,7 +199,7 @@ def _draw(axes, weights: torch.Tensor, rows: list[str], columns: list[str], titl
 def plot_attention(maps: AttentionMaps, kind: Kind = "cross", layer: int = -1) -> Figure:
     """A heatmap of one layer's attention averaged over its heads, tokens on the axes: keys (for "cross", the
     source) across, queries (the target) down. Needs matplotlib (`pip install 'hf-transformer[plot]'`)."""
-    figure_type = _figure_type()
+    figure_type = figure_class()
     rows, columns = maps.axes(kind)
     weights = maps.weights(kind)
     layer_number = range(weights.shape[0])[layer] + 1
@@ -214,7 +215,7 @@ def plot_attention(maps: AttentionMaps, kind: Kind = "cross", layer: int = -1) -
 def plot_attention_heads(maps: AttentionMaps, kind: Kind = "cross") -> Figure:
     """A grid of heatmaps, one per layer (rows) and head (columns), tokens on the axes of the first column's and the
     last row's. Needs matplotlib (`pip install 'hf-transformer[plot]'`)."""
-    figure_type = _figure_type()
+    figure_type = figure_class()
     rows, columns = maps.axes(kind)
     weights = maps.weights(kind)
     layers, heads = weights.shape[:2]

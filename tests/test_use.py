@@ -306,3 +306,53 @@ def test_help_lists_the_commands_of_a_trained_model(capsys):
     assert all(f"\n  {command} " in usage for command in ("translate", "attention", "serve"))
     assert "predict" not in usage
     json.dumps(usage)  # plain text
+
+
+# --- the attention map of every validation -----------------------------------------------------------------------
+
+ATTENTION_RUN = """
+trainer:
+  callbacks:
+    - class_path: lightning_modules.attention_callback.AttentionMap
+  enable_progress_bar: false
+  enable_model_summary: false
+  num_sanity_val_steps: 1
+  limit_val_batches: 1
+  val_check_interval: 2
+  enable_checkpointing: false
+model:
+  config: {d_model: 16, encoder_layers: 1, decoder_layers: 2, encoder_attention_heads: 2, decoder_attention_heads: 2,
+           encoder_ffn_dim: 32, decoder_ffn_dim: 32, max_position_embeddings: 64}
+  generation: {num_beams: 1}
+data: {bpe_vocab_size: 60, synthetic_train_size: 64, synthetic_eval_size: 4, max_tokens: 256}
+"""
+
+
+@pytest.mark.slow
+def test_every_validation_draws_the_attention_of_one_sentence_into_the_run_folder(run_dir):
+    pytest.importorskip("matplotlib", reason="plotting needs matplotlib: pip install 'hf-transformer[plot]'")
+    (run_dir / "attention.yaml").write_text(ATTENTION_RUN)
+    demo = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+    main(["fit", "--config", str(demo), "--config", "attention.yaml", "--trainer.max_steps=4"])
+    images = sorted(path.name for path in run_dir.glob("runs/demo/logs/version_*/attention/*.png"))
+    assert images == ["step000002.png", "step000004.png"]  # not the sanity check's
+
+
+def test_with_a_wandb_logger_the_map_is_a_wandb_image(tiny_tokenizer, monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib", reason="plotting needs matplotlib: pip install 'hf-transformer[plot]'")
+    pytest.importorskip("wandb", reason="pip install 'hf-transformer[wandb]'")
+    from types import SimpleNamespace
+
+    from lightning.pytorch.loggers import WandbLogger
+
+    from lightning_modules.attention_callback import AttentionMap
+
+    logged = []
+    monkeypatch.setattr(WandbLogger, "log_image", lambda self, key, images, step, **kwargs: logged.append((key, step)))
+    logger = WandbLogger(offline=True, save_dir=str(tmp_path))
+    trainer = SimpleNamespace(sanity_checking=False, is_global_zero=True, loggers=[logger], global_step=7)
+    module = SimpleNamespace(model=tiny_model(tiny_tokenizer), tokenizer=tiny_tokenizer)
+    module.model.generation_config.num_beams = 1
+    AttentionMap(sentence="a dog").on_validation_end(trainer, module)
+    assert logged == [("val/attention", 7)]
+    assert not list(tmp_path.rglob("*.png"))
