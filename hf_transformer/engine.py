@@ -3,6 +3,7 @@ and `serve` commands: the same settings, the same treatment of empty and too-lon
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,7 +11,8 @@ from typing import TYPE_CHECKING
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
 from .attention import AttentionMaps, attention_maps
-from .errors import MissingExtra, TranslationInputError, UserError
+from .configuration_transformer import TransformerConfig
+from .errors import MissingExtra, ModelNotFound, TranslationInputError, UserError
 from .modeling_transformer import TransformerForConditionalGeneration
 from .translate import (
     MAX_LENGTH_OFFSET,
@@ -27,10 +29,6 @@ if TYPE_CHECKING:
 
 # The most beams a request may ask for: beam search costs memory and time in proportion.
 MAX_BEAMS = 16
-
-
-class ModelNotFound(UserError, FileNotFoundError):
-    """A model that is no folder, file or Hub repository that can be read."""
 
 
 class TranslationEngine:
@@ -70,10 +68,19 @@ class TranslationEngine:
                 raise MissingExtra(f"{folder} is a CTranslate2 model: {err}") from err
             translator = CTranslate2Translator(folder, device=device)
             return cls(translator.tokenizer, ctranslate2=translator, name=str(name_or_path))
+        config = folder / "config.json"
+        model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+        if model_type not in (None, TransformerConfig.model_type):
+            raise ModelNotFound(
+                f"{folder} holds a {model_type} model: pass a folder exported with --format hf-transformer or "
+                "ctranslate2 (or the checkpoint it came from)"
+            )
         try:
             model = TransformerForConditionalGeneration.from_pretrained(name_or_path)
             tokenizer = PreTrainedTokenizerFast.from_pretrained(name_or_path)
-        except OSError as err:
+        except (OSError, ValueError) as err:  # no such folder or repository, or a malformed repository id
+            if isinstance(err, UserError):  # a folder that loads but is refused, saying why
+                raise
             raise ModelNotFound(
                 f"{name_or_path} is no model folder, checkpoint or Hub repository that can be read ({err}). Pass a "
                 "folder written by `hf-transformer export`, a .ckpt file, or a Hub id such as alice/demo."

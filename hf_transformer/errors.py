@@ -39,3 +39,7 @@ class TranslationInputError(UserError, TypeError):
 
 class MissingExtra(UserError, ImportError):
     """An optional dependency is not installed; the message names the extra that installs it."""
+
+
+class ModelNotFound(UserError, FileNotFoundError):
+    """A model that is no folder, file or Hub repository that can be read, or one of a kind that cannot be used."""

@@ -80,7 +80,10 @@ def test_wrong_input_gives_a_clear_error_or_a_sensible_result(tiny_tokenizer):
         translate(model, tiny_tokenizer, ["a dog", 17])
     with pytest.raises(TranslationInputError, match="num_return_sequences=3 must be between 1 and num_beams=2"):
         translate_hypotheses(model, tiny_tokenizer, ["a dog"], num_beams=2, num_return_sequences=3)
-    assert TranslationPipeline(model=model, tokenizer=tiny_tokenizer)([]) == []
+    pipeline = TranslationPipeline(model=model, tokenizer=tiny_tokenizer)
+    assert pipeline([]) == []
+    with pytest.warns(UserWarning, match="cut to 5 tokens"):
+        pipeline(["two men play music on the grass"], max_source_length=5, max_new_tokens=2)
 
 
 # --- attention weights ------------------------------------------------------------------------------------------
@@ -155,8 +158,9 @@ def test_plots_have_tokens_on_their_axes(tiny_tokenizer, tmp_path):
 
 @pytest.fixture
 def checkpoint(tiny_tokenizer, tmp_path) -> Path:
-    """A checkpoint as training writes it (model weights, config, tokenizer), of an untrained tiny model."""
-    model = tiny_model(tiny_tokenizer)
+    """A checkpoint as training writes it (model weights, config, tokenizer), of an untrained tiny model; 24 positions
+    keep its outputs, which run to the length limit, short."""
+    model = tiny_model(tiny_tokenizer, max_position_embeddings=24)
     model.generation_config.update(num_beams=3, length_penalty=0.6)
     path = tmp_path / "model.ckpt"
     torch.save(
@@ -260,6 +264,11 @@ def test_translate_command_refuses_mistakes_in_one_line(checkpoint, tmp_path, ca
     with pytest.raises(SystemExit):
         main(["translate", str(tmp_path / "no-such-model"), str(tmp_path / "in.txt")])
     assert "is no model folder, checkpoint or Hub repository" in capsys.readouterr().err
+    (tmp_path / "marian").mkdir()
+    (tmp_path / "marian" / "config.json").write_text('{"model_type": "marian"}')
+    with pytest.raises(SystemExit):
+        main(["translate", str(tmp_path / "marian"), str(tmp_path / "in.txt")])
+    assert "holds a marian model: pass a folder exported with --format hf-transformer" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["predict", "--config", "configs/demo.yaml"])
     assert "there is no predict command: `hf-transformer test`" in capsys.readouterr().err
