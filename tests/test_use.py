@@ -2,7 +2,6 @@
 `translate` and `attention` commands, which must give what `translate()` gives."""
 
 import io
-import json
 import sys
 import warnings
 from pathlib import Path
@@ -314,7 +313,6 @@ def test_help_lists_the_commands_of_a_trained_model(capsys):
     usage = capsys.readouterr().out
     assert all(f"\n  {command} " in usage for command in ("translate", "attention", "serve"))
     assert "predict" not in usage
-    json.dumps(usage)  # plain text
 
 
 # --- the attention map of every validation -----------------------------------------------------------------------
