@@ -16,12 +16,10 @@ from .errors import MissingExtra, ModelNotFound, TranslationInputError, UserErro
 from .modeling_transformer import TransformerForConditionalGeneration
 from .translate import (
     MAX_LENGTH_OFFSET,
-    SourceTruncatedWarning,
     Translation,
     check_sentences,
-    encode_sources,
+    prepare_sources,
     translate_hypotheses,
-    truncation_message,
 )
 
 if TYPE_CHECKING:
@@ -134,17 +132,12 @@ class TranslationEngine:
     def _translate_ctranslate2(self, sentences: list[str], **settings) -> list[list[Translation]]:
         check_sentences(sentences)
         results = [[Translation("", 0.0, [])] for _ in sentences]
-        todo = [index for index, sentence in enumerate(sentences) if sentence.strip()]
-        if not todo:
-            return results
-        ids, cut = encode_sources(self.tokenizer, [sentences[index] for index in todo], self.max_positions)
-        outputs = self.ctranslate2.generate(ids, max_length_offset=MAX_LENGTH_OFFSET, **settings)
+        todo, ids, truncated = prepare_sources(self.tokenizer, sentences, self.max_positions)
+        outputs = self.ctranslate2.generate(ids, max_length_offset=MAX_LENGTH_OFFSET, **settings) if ids else []
         for index, text in zip(todo, self.tokenizer.batch_decode(outputs, skip_special_tokens=True), strict=True):
             results[index] = [Translation(text.strip(), float("nan"), [])]
-        if cut:
-            indices = [todo[index] for index in cut]
-            message = truncation_message([f"sentence {index}" for index in indices], len(sentences), self.max_positions)
-            warnings.warn(SourceTruncatedWarning(message, indices, self.max_positions), stacklevel=3)
+        if truncated:
+            warnings.warn(truncated, stacklevel=3)
         return results
 
     def attention(

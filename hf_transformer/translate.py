@@ -56,14 +56,22 @@ def truncation_message(names: list[str], total: int, max_length: int) -> str:
     )
 
 
-def encode_sources(
-    tokenizer: PreTrainedTokenizerBase, sentences: list[str], max_length: int
-) -> tuple[list[list[int]], list[int]]:
-    """The token ids of each sentence, cut to `max_length` tokens (the model's positions), and the indices of the
-    sentences that were cut."""
-    encoded = tokenizer(sentences, truncation=True, max_length=max_length)
-    cut = [index for index, encoding in enumerate(encoded.encodings) if encoding.overflowing]
-    return encoded["input_ids"], cut
+def prepare_sources(
+    tokenizer: PreTrainedTokenizerBase, sentences: list[str], max_positions: int
+) -> tuple[list[int], list[list[int]], SourceTruncatedWarning | None]:
+    """The indices of the sentences to translate (the blank ones translate to ""), their token ids cut to
+    `max_positions`, and the warning to give for those that were cut (None when none was)."""
+    todo = [index for index, sentence in enumerate(sentences) if sentence.strip()]
+    if not todo:
+        return [], [], None  # tokenizers fail on an empty batch
+    encoded = tokenizer([sentences[index] for index in todo], truncation=True, max_length=max_positions)
+    ids = encoded["input_ids"]
+    cut = [index for index, encoding in enumerate(encoded.encodings or []) if encoding.overflowing]  # fast tokenizers
+    if not cut:
+        return todo, ids, None
+    indices = [todo[index] for index in cut]
+    message = truncation_message([f"sentence {index}" for index in indices], len(sentences), max_positions)
+    return todo, ids, SourceTruncatedWarning(message, indices, max_positions)
 
 
 def check_sentences(sentences: Sequence[str]) -> None:
@@ -145,17 +153,8 @@ def _translate(
     """What `translate_hypotheses` returns, and the warning to give for the sentences that were cut (the public
     functions give it, so that it names the caller's line)."""
     translations: list[list[Translation]] = [[Translation("", 0.0, [])] for _ in sentences]
-    todo = [index for index, sentence in enumerate(sentences) if sentence.strip()]
-    if not todo:
-        return translations, None
+    todo, ids, truncated = prepare_sources(tokenizer, sentences, model.config.max_position_embeddings)
     num_beams = num_beams or model.generation_config.num_beams or 1
-    max_positions = model.config.max_position_embeddings
-    ids, cut = encode_sources(tokenizer, [sentences[index] for index in todo], max_positions)
-    truncated = None
-    if cut:
-        indices = [todo[index] for index in cut]
-        message = truncation_message([f"sentence {index}" for index in indices], len(sentences), max_positions)
-        truncated = SourceTruncatedWarning(message, indices, max_positions)
     # Each sentence takes `num_beams` rows of the padded batch.
     for batch in pack_token_budget([num_beams * len(row) for row in ids], max_tokens):
         inputs = tokenizer.pad({"input_ids": [ids[i] for i in batch]}, return_tensors="pt").to(model.device)

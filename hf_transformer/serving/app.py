@@ -16,7 +16,7 @@ from typing import Any
 from ..attention import alignment, format_alignment
 from ..engine import MAX_BEAMS, TranslationEngine
 from ..errors import MissingExtra, UserError
-from ..translate import encode_sources, truncation_message
+from ..translate import prepare_sources
 from .batcher import Batcher, ServerBusy
 
 try:
@@ -89,12 +89,11 @@ def create_app(
     page = files(__package__).joinpath("page.html").read_text(encoding="utf-8")
 
     def too_long(sentences: list[str]) -> list[str]:
-        _, cut = encode_sources(engine.tokenizer, sentences, engine.max_positions)
-        if not cut:
+        _, _, truncated = prepare_sources(engine.tokenizer, sentences, engine.max_positions)
+        if truncated is None:
             return []
-        message = truncation_message([f"sentence {index}" for index in cut], len(sentences), engine.max_positions)
-        logger.warning(message)
-        return [message]
+        logger.warning(str(truncated))
+        return [str(truncated)]
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
