@@ -31,3 +31,15 @@ class EarlierRunFound(UserError, FileExistsError):
 
 class HubError(UserError):
     """A push to the Hugging Face Hub failed; the message never contains the token."""
+
+
+class TranslationInputError(UserError, TypeError):
+    """Sentences to translate that are not a list of strings, or decoding settings that cannot work."""
+
+
+class MissingExtra(UserError, ImportError):
+    """An optional dependency is not installed; the message names the extra that installs it."""
+
+
+class ModelNotFound(UserError, FileNotFoundError):
+    """A model that is no folder, file or Hub repository that can be read, or one of a kind that cannot be used."""

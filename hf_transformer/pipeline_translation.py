@@ -5,6 +5,7 @@ with the model (`custom_pipelines` in config.json plus this file), so that anyon
 `pipeline(model=folder_or_repo, trust_remote_code=True)(["A sentence.", ...])` without installing this package.
 """
 
+import warnings
 from typing import Any
 
 import torch
@@ -30,7 +31,14 @@ class TranslationPipeline(Pipeline):
         if not isinstance(text, str):
             raise TypeError(f"The translation pipeline takes sentences (str), got {type(text).__name__}.")
         max_length = max_source_length or self.model.config.max_position_embeddings
-        return self.tokenizer(text, return_tensors="pt", truncation=True, max_length=max_length)
+        inputs = self.tokenizer(text, return_tensors="pt", truncation=True, max_length=max_length)
+        if inputs.encodings and inputs.encodings[0].overflowing:  # as translate() warns (this file runs without it)
+            warnings.warn(
+                f"1 of 1 sentences are longer than the model's {max_length} positions and were cut to {max_length} "
+                "tokens, so their translations miss the end: split them into shorter sentences",
+                stacklevel=2,
+            )
+        return inputs
 
     def _forward(self, model_inputs: dict[str, torch.Tensor], **generate_kwargs: Any) -> dict[str, torch.Tensor]:
         return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
@@ -41,7 +49,9 @@ class TranslationPipeline(Pipeline):
 
     def __call__(self, inputs: str | list[str], **kwargs: Any) -> list:
         """One `[{"translation_text": ...}]` per sentence; a list of sentences with one translation each gives a
-        flat list of dicts, as transformers 4's translation pipeline did."""
+        flat list of dicts, as transformers 4's translation pipeline did; an empty list gives an empty list."""
+        if isinstance(inputs, list) and not inputs:
+            return []  # transformers' Pipeline reads inputs[0]
         results = super().__call__(inputs, **kwargs)
         if isinstance(inputs, list) and all(len(result) == 1 for result in results):
             return [result[0] for result in results]

@@ -1,12 +1,17 @@
 """Translating many sentences quickly: length-sorted batches under a token budget, and a beam search that drops each
 sentence from the batch as soon as its translation is final, instead of decoding it until the batch's longest is."""
 
+import warnings
+from collections.abc import Sequence
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from transformers import GenerationMixin, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
+from .errors import TranslationInputError
 from .token_budget import pack_token_budget
 
 # Section 6.1: "maximum output length to input length + 50".
@@ -15,7 +20,74 @@ MAX_LENGTH_OFFSET = 50
 EXCLUDED = -1.0e9
 
 
-@torch.inference_mode()
+class Hypothesis(NamedTuple):
+    """One output of beam search: its token ids, from the decoder start token to </s> (or cut at the maximum
+    length), and its score, the summed log-probabilities / length ** length_penalty (`generate()`'s
+    `sequences_scores`)."""
+
+    token_ids: list[int]
+    score: float
+
+
+class Translation(NamedTuple):
+    """A `Hypothesis` with its text."""
+
+    text: str
+    score: float
+    token_ids: list[int]
+
+
+class SourceTruncatedWarning(UserWarning):
+    """Sources longer than the model's positions were cut: their translations miss the end. `indices` are the
+    positions of the cut sentences in the input, `max_length` the number of tokens they were cut to."""
+
+    def __init__(self, message: str, indices: list[int], max_length: int) -> None:
+        super().__init__(message)
+        self.indices, self.max_length = indices, max_length
+
+
+def truncation_message(names: list[str], total: int, max_length: int) -> str:
+    """The one wording of a cut source, for `translate()`, the command line and the server: how many of `total`
+    sentences were cut to how many tokens, naming the first few (`names`: "sentence 3", "line 7 of a.txt")."""
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return (
+        f"{len(names)} of {total} sentences are longer than the model's {max_length} positions and were cut to "
+        f"{max_length} tokens, so their translations miss the end ({shown}): split them into shorter sentences"
+    )
+
+
+def prepare_sources(
+    tokenizer: PreTrainedTokenizerBase, sentences: list[str], max_positions: int
+) -> tuple[list[int], list[list[int]], SourceTruncatedWarning | None]:
+    """The indices of the sentences to translate (the blank ones translate to ""), their token ids cut to
+    `max_positions`, and the warning to give for those that were cut (None when none was)."""
+    todo = [index for index, sentence in enumerate(sentences) if sentence.strip()]
+    if not todo:
+        return [], [], None  # tokenizers fail on an empty batch
+    encoded = tokenizer([sentences[index] for index in todo], truncation=True, max_length=max_positions)
+    ids = encoded["input_ids"]
+    cut = [index for index, encoding in enumerate(encoded.encodings or []) if encoding.overflowing]  # fast tokenizers
+    if not cut:
+        return todo, ids, None
+    indices = [todo[index] for index in cut]
+    message = truncation_message([f"sentence {index}" for index in indices], len(sentences), max_positions)
+    return todo, ids, SourceTruncatedWarning(message, indices, max_positions)
+
+
+def check_sentences(sentences: Sequence[str]) -> None:
+    """Refuse what is not a list of strings, naming what was passed instead (a lone string would be translated
+    character by character)."""
+    if isinstance(sentences, str):
+        raise TranslationInputError(
+            f"translate() takes a list of sentences, not one string: pass [{sentences[:40]!r}] to translate one"
+        )
+    for index, sentence in enumerate(sentences):
+        if not isinstance(sentence, str):
+            raise TranslationInputError(
+                f"sentence {index} is a {type(sentence).__name__}, not a string: translate() takes a list of str"
+            )
+
+
 def translate(
     model: GenerationMixin,
     tokenizer: PreTrainedTokenizerBase,
@@ -32,30 +104,78 @@ def translate(
     `max_length_offset` output tokens (section 6.1 of the paper: 50). `num_beams` and `length_penalty` default to the
     model's generation config (the paper's 4 and 0.6 for this package's models); `num_beams=1` is greedy decoding.
     Sentences of similar length are decoded together, in batches of at most `max_tokens` source tokens counted with
-    padding and beams.
+    padding and beams. An empty (or blank) sentence translates to an empty string; a sentence longer than the model's
+    positions is cut to them, with a `SourceTruncatedWarning` that names it.
     """
-    if not sentences:
-        return []
+    check_sentences(sentences)
+    translations, truncated = _translate(
+        model, tokenizer, sentences, num_beams, length_penalty, max_tokens, max_length_offset, 1
+    )
+    if truncated:
+        warnings.warn(truncated, stacklevel=2)
+    return [best[0].text for best in translations]
+
+
+def translate_hypotheses(
+    model: GenerationMixin,
+    tokenizer: PreTrainedTokenizerBase,
+    sentences: list[str],
+    *,
+    num_beams: int | None = None,
+    length_penalty: float | None = None,
+    max_tokens: int = 8192,
+    max_length_offset: int = MAX_LENGTH_OFFSET,
+    num_return_sequences: int = 1,
+) -> list[list[Translation]]:
+    """`translate()` returning, for each sentence, its `num_return_sequences` best translations (at most
+    `num_beams`), best first, with their scores and token ids: the n-best list of `generate(num_return_sequences=n)`.
+    An empty sentence gets one empty translation with score 0."""
+    check_sentences(sentences)
+    translations, truncated = _translate(
+        model, tokenizer, sentences, num_beams, length_penalty, max_tokens, max_length_offset, num_return_sequences
+    )
+    if truncated:
+        warnings.warn(truncated, stacklevel=2)
+    return translations
+
+
+@torch.inference_mode()
+def _translate(
+    model: GenerationMixin,
+    tokenizer: PreTrainedTokenizerBase,
+    sentences: list[str],
+    num_beams: int | None,
+    length_penalty: float | None,
+    max_tokens: int,
+    max_length_offset: int,
+    num_return_sequences: int,
+) -> tuple[list[list[Translation]], SourceTruncatedWarning | None]:
+    """What `translate_hypotheses` returns, and the warning to give for the sentences that were cut (the public
+    functions give it, so that it names the caller's line)."""
+    translations: list[list[Translation]] = [[Translation("", 0.0, [])] for _ in sentences]
+    todo, ids, truncated = prepare_sources(tokenizer, sentences, model.config.max_position_embeddings)
     num_beams = num_beams or model.generation_config.num_beams or 1
-    ids = tokenizer(sentences, truncation=True, max_length=model.config.max_position_embeddings)["input_ids"]
-    translations = [""] * len(sentences)
     # Each sentence takes `num_beams` rows of the padded batch.
     for batch in pack_token_budget([num_beams * len(row) for row in ids], max_tokens):
         inputs = tokenizer.pad({"input_ids": [ids[i] for i in batch]}, return_tensors="pt").to(model.device)
-        output_ids = beam_search(
+        results = beam_search_hypotheses(
             model,
             inputs["input_ids"],
             inputs["attention_mask"],
             num_beams=num_beams,
             length_penalty=length_penalty,
             max_length_offset=max_length_offset,
+            num_return_sequences=num_return_sequences,
         )
-        for index, text in zip(batch, tokenizer.batch_decode(output_ids, skip_special_tokens=True), strict=True):
-            translations[index] = text.strip()
-    return translations
+        for index, hypotheses in zip(batch, results, strict=True):
+            texts = tokenizer.batch_decode([output.token_ids for output in hypotheses], skip_special_tokens=True)
+            translations[todo[index]] = [
+                Translation(text.strip(), hypothesis.score, hypothesis.token_ids)
+                for text, hypothesis in zip(texts, hypotheses, strict=True)
+            ]
+    return translations, truncated
 
 
-@torch.inference_mode()
 def beam_search(
     model: GenerationMixin,
     input_ids: torch.Tensor,
@@ -66,9 +186,34 @@ def beam_search(
     max_length_offset: int = MAX_LENGTH_OFFSET,
 ) -> list[list[int]]:
     """Beam search over a batch of right-padded sources, returning the best hypothesis of each as token ids (from the
-    decoder start token to EOS). Each equals what `model.generate()` gives for that source alone with
-    `max_length` = its length + `max_length_offset` + 1, capped at `max_position_embeddings`; `num_beams` and
-    `length_penalty` default to the model's generation config, and `num_beams=1` is greedy decoding.
+    decoder start token to EOS): `beam_search_hypotheses` without the scores and the other hypotheses."""
+    results = beam_search_hypotheses(
+        model,
+        input_ids,
+        attention_mask,
+        num_beams=num_beams,
+        length_penalty=length_penalty,
+        max_length_offset=max_length_offset,
+    )
+    return [hypotheses[0].token_ids for hypotheses in results]
+
+
+@torch.inference_mode()
+def beam_search_hypotheses(
+    model: GenerationMixin,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    num_beams: int | None = None,
+    length_penalty: float | None = None,
+    max_length_offset: int = MAX_LENGTH_OFFSET,
+    num_return_sequences: int = 1,
+) -> list[list[Hypothesis]]:
+    """Beam search over a batch of right-padded sources, returning the `num_return_sequences` best hypotheses of
+    each (at most `num_beams`), best first. Each list equals what `model.generate(num_return_sequences=...)` gives for
+    that source alone with `max_length` = its length + `max_length_offset` + 1, capped at `max_position_embeddings`,
+    and the scores its `sequences_scores`; `num_beams` and `length_penalty` default to the model's generation config,
+    and `num_beams=1` is greedy decoding.
 
     The rules are those of `generate()` with `early_stopping=False`: a hypothesis ending in EOS (or at the maximum
     length) is scored by its summed log-probabilities / length ** `length_penalty`; a sentence is final once it has
@@ -79,6 +224,8 @@ def beam_search(
     config = model.config
     eos, start = config.eos_token_id, config.decoder_start_token_id
     k = num_beams or model.generation_config.num_beams or 1
+    if not 1 <= num_return_sequences <= k:
+        raise TranslationInputError(f"num_return_sequences={num_return_sequences} must be between 1 and num_beams={k}")
     length_penalty = model.generation_config.length_penalty if length_penalty is None else length_penalty
     # + 1 for the decoder start token
     max_lengths = (attention_mask.sum(dim=1) + max_length_offset + 1).clamp(max=config.max_position_embeddings)
@@ -147,8 +294,13 @@ def beam_search(
             final = at_max_length | is_finished.all(dim=1) & (best_possible <= finished_scores.min(dim=1).values)
         final_positions = final.nonzero().flatten().tolist()  # the step's one read from the device
         for position in final_positions:
-            hypothesis = finished[position, 0, : length + 1].tolist()
-            best[sentence_ids[position]] = hypothesis[: hypothesis.index(eos, 1) + 1 if eos in hypothesis[1:] else None]
+            scores = finished_scores[position, :num_return_sequences].tolist()
+            outputs = finished[position, :num_return_sequences, : length + 1].tolist()
+            best[sentence_ids[position]] = [
+                Hypothesis(output[: output.index(eos, 1) + 1 if eos in output[1:] else None], score)
+                for output, score in zip(outputs, scores, strict=True)
+                if score > EXCLUDED / 2  # a hypothesis, not an empty slot
+            ]
         if len(final_positions) == active:
             break
         if final_positions:

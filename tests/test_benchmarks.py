@@ -128,3 +128,16 @@ def test_deploy_benchmark_runs_on_a_short_run(run_dir):
     engines = json.loads(out.read_text())["engines"]
     assert set(engines) == {"ctranslate2 int8", "ctranslate2 float32", "translate()", "generate() loop"}
     assert all(entry["sentences_per_sec"] > 0 for entry in engines.values())
+
+
+@pytest.mark.slow
+def test_serve_benchmark_runs_on_a_short_run(run_dir):
+    pytest.importorskip("fastapi", reason="serving needs FastAPI: pip install 'hf-transformer[serve]'")
+    main(["fit", "--config", str(DEMO), "--config", "tiny.yaml", "--trainer.max_steps=3"])
+    main(["export", "runs/demo/checkpoints/last.ckpt", "exported"])
+    out = run_dir / "serve.json"
+    tiny = ("--requests", "4", "--repeats", "1", "--clients", "1", "2", "--seconds", "30")
+    run(str(BENCHMARKS / "serve.py"), "--model", "exported", *tiny, "--out", str(out), cwd=run_dir)
+    settings = json.loads(out.read_text())["settings"]
+    assert set(settings) == {"translate() loop, 1 client", "fastapi, 1 client", "fastapi, 2 clients"}
+    assert all(entry["sentences_per_sec"] > 0 and entry["p99_ms"] >= entry["p50_ms"] for entry in settings.values())

@@ -226,6 +226,7 @@ def test_config_errors_are_reported_before_any_work(run_dir):
         ("--model.warmup_steps=0", "model.warmup_steps=0 must be at least 1"),
         ("--model.config.label_smoothing=1.5", "TransformerConfig.label_smoothing must be in [0, 1), got 1.5"),
         ("--data.dataset=./no/such/folder", "no/such/folder does not exist"),
+        ("--trainer.enable_checkpointing=false", "every run checkpoints (to resume, to average, to export)"),
     ],
 )
 def test_mistakes_are_one_message_before_any_work(run_dir, capsys, bad, expected):
@@ -324,12 +325,12 @@ def test_export_then_from_pretrained_translates_like_the_checkpoint(run_dir):
 
 
 def test_readme_snippet_for_a_trained_model_runs_as_written(run_dir):
-    """README's "Using a trained model" block, verbatim, on an exported demo run: no prompt for remote code (a prompt
-    would wait on the closed stdin), no warning about model types."""
+    """README's "Use a trained model" Python block, verbatim, on an exported demo run: no prompt for remote code (a
+    prompt would wait on the closed stdin), no warning about model types."""
     fit("--trainer.max_steps=6")
     main(["export", "runs/demo/checkpoints/last.ckpt", "exports/demo"])
     readme = (DEMO.parents[1] / "README.md").read_text()
-    snippet = readme.split("## Using a trained model", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    snippet = readme.split("## Use a trained model", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     result = subprocess.run(
         [sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
     )

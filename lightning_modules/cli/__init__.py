@@ -1,8 +1,9 @@
-"""`hf-transformer`: LightningCLI's fit/validate/test/predict plus `export` and `push`.
+"""`hf-transformer`: LightningCLI's fit/validate/test plus `export`, `push`, `translate`, `attention` and `serve`.
 
 hf-transformer fit --config configs/demo.yaml
 hf-transformer test --config configs/demo.yaml --ckpt_path runs/demo/checkpoints/last.ckpt
 hf-transformer export runs/demo/checkpoints/last.ckpt exports/demo [--average 5]
+hf-transformer translate exports/demo input.txt -o output.txt
 
 Lightning, torch and transformers are imported only by the command that needs them, so that `hf-transformer --help`
 answers at once.
@@ -15,22 +16,35 @@ import sys
 USAGE = """\
 usage: hf-transformer COMMAND [OPTIONS]
 
-Train the Transformer of "Attention Is All You Need", evaluate it, and share it on the Hugging Face Hub.
+Train the Transformer of "Attention Is All You Need", evaluate it, share it on the Hugging Face Hub, and use it.
 
 commands:
   fit        train a model:                hf-transformer fit --config configs/demo.yaml
   validate   loss and BLEU on the validation split of a checkpoint
   test       loss, BLEU and chrF on the test split, with the hypotheses written to a file
-  predict    translate the test split of a checkpoint
   export     write a Hugging Face model folder from a checkpoint (or several, averaged)
   push       upload a checkpoint or an exported folder to the Hugging Face Hub
+  translate  translate files or standard input, one sentence per line, with a model or checkpoint
+  attention  draw the attention weights of a translation as heatmaps, tokens on the axes
+  serve      a web page to try a model and a JSON API (POST /translate) on 127.0.0.1
 
 `hf-transformer COMMAND --help` lists a command's options. Errors print one message; add --traceback (or set
 HF_TRANSFORMER_TRACEBACK=1) to see where one came from."""
 
-TRAINER_COMMANDS = ("fit", "validate", "test", "predict")
+TRAINER_COMMANDS = ("fit", "validate", "test")
 # The module of each other command, imported only when it runs, so that `--help` answers without loading torch.
-COMMANDS = {"export": ".export", "push": ".push"}
+COMMANDS = {
+    "export": ".export",
+    "push": ".push",
+    "translate": ".translate",
+    "attention": ".attention",
+    "serve": ".serve",
+}
+# Commands that are gone, and what does their work now.
+REPLACED = {
+    "predict": "`hf-transformer test` writes the test split's translations to a file, and `hf-transformer translate "
+    "MODEL FILE` translates any file"
+}
 
 
 def run(argv: list[str]) -> None:
@@ -49,6 +63,8 @@ def run(argv: list[str]) -> None:
     else:
         from hf_transformer.errors import UserError
 
+        if command in REPLACED:
+            raise UserError(f"there is no {command} command: {REPLACED[command]}")
         known = ", ".join([*TRAINER_COMMANDS, *COMMANDS])
         raise UserError(f"unknown command {command!r}: choose one of {known}")
 

@@ -125,6 +125,11 @@ class TranslationCLI(LightningCLI):
         # The data module is built first (the model takes the vocabulary from it) and trains a tokenizer: check the
         # training settings before that work.
         check_module_arguments(config.model)
+        if config.trainer.enable_checkpointing is False:
+            raise ConfigError(
+                "trainer.enable_checkpointing=false: every run checkpoints (to resume, to average, to export); write "
+                "fewer with a larger checkpoint.every_n_train_steps or a smaller checkpoint.save_top_k"
+            )
         place_in_run_folder(config)
 
     def after_test(self) -> None:

@@ -1,0 +1,148 @@
+"""One interface over a trained model, ours in PyTorch or its CTranslate2 export, for the `translate`, `attention`
+and `serve` commands: the same settings, the same treatment of empty and too-long sentences, the same errors."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from transformers import GenerationConfig, PreTrainedTokenizerFast
+
+from .attention import AttentionMaps, attention_maps
+from .configuration_transformer import TransformerConfig
+from .errors import MissingExtra, ModelNotFound, TranslationInputError, UserError
+from .modeling_transformer import TransformerForConditionalGeneration
+from .translate import (
+    MAX_LENGTH_OFFSET,
+    Translation,
+    check_sentences,
+    prepare_sources,
+    translate_hypotheses,
+)
+
+if TYPE_CHECKING:
+    from .export.ctranslate2 import CTranslate2Translator
+
+# The most beams a request may ask for: beam search costs memory and time in proportion.
+MAX_BEAMS = 16
+
+
+class TranslationEngine:
+    """A trained model ready to translate: `model` (ours, decoded by `translate_hypotheses`) or `ctranslate2` (a
+    `CTranslate2Translator`, translations only: no scores, n-best lists or attention)."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerFast,
+        model: TransformerForConditionalGeneration | None = None,
+        ctranslate2: CTranslate2Translator | None = None,
+        name: str = "",
+    ) -> None:
+        if (model is None) == (ctranslate2 is None):
+            raise ValueError("Pass exactly one of model and ctranslate2.")
+        self.tokenizer, self.model, self.ctranslate2, self.name = tokenizer, model, ctranslate2, name
+        self.generation_config: GenerationConfig = (
+            model.generation_config if model is not None else ctranslate2.generation_config
+        )
+        self.max_positions: int = (
+            model.config.max_position_embeddings if model is not None else tokenizer.model_max_length
+        )
+
+    @property
+    def engine(self) -> str:
+        return "hf-transformer" if self.model is not None else "ctranslate2"
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, device: str = "cpu") -> TranslationEngine:
+        """An exported folder or Hub repository of this package's model, or a folder written by `export --format
+        ctranslate2` (recognised by its model.bin)."""
+        folder = Path(name_or_path)
+        if (folder / "model.bin").is_file():
+            try:
+                from .export.ctranslate2 import CTranslate2Translator
+            except ImportError as err:
+                raise MissingExtra(f"{folder} is a CTranslate2 model: {err}") from err
+            translator = CTranslate2Translator(folder, device=device)
+            return cls(translator.tokenizer, ctranslate2=translator, name=str(name_or_path))
+        config = folder / "config.json"
+        model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+        if model_type not in (None, TransformerConfig.model_type):
+            raise ModelNotFound(
+                f"{folder} holds a {model_type} model: pass a folder exported with --format hf-transformer or "
+                "ctranslate2 (or the checkpoint it came from)"
+            )
+        try:
+            model = TransformerForConditionalGeneration.from_pretrained(name_or_path)
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(name_or_path)
+        except (OSError, ValueError) as err:  # no such folder or repository, or a malformed repository id
+            if isinstance(err, UserError):  # a folder that loads but is refused, saying why
+                raise
+            raise ModelNotFound(
+                f"{name_or_path} is no model folder, checkpoint or Hub repository that can be read ({err}). Pass a "
+                "folder written by `hf-transformer export`, a .ckpt file, or a Hub id such as alice/demo."
+            ) from err
+        return cls(tokenizer, model=model.to(device).eval(), name=str(name_or_path))
+
+    def check_settings(
+        self, num_beams: int | None = None, length_penalty: float | None = None, num_return_sequences: int = 1
+    ) -> None:
+        """Refuse decoding settings that cannot work, naming the setting and its range."""
+        beams = num_beams or self.generation_config.num_beams or 1
+        if num_beams is not None and not 1 <= num_beams <= MAX_BEAMS:
+            raise TranslationInputError(f"num_beams={num_beams} must be between 1 and {MAX_BEAMS}")
+        if length_penalty is not None and not -10 <= length_penalty <= 10:
+            raise TranslationInputError(f"length_penalty={length_penalty} must be between -10 and 10")
+        if not 1 <= num_return_sequences <= beams:
+            raise TranslationInputError(
+                f"n-best {num_return_sequences} must be between 1 and the number of beams ({beams})"
+            )
+        if num_return_sequences > 1:
+            self.require_model("n-best lists")
+
+    def require_model(self, what: str) -> None:
+        """Refuse what only this package's model gives (`what`: "n-best lists") when this is a CTranslate2 one."""
+        if self.model is None:
+            raise TranslationInputError(
+                f"{what} come from this package's model, not from a CTranslate2 one: pass the folder exported with "
+                "--format hf-transformer (or a checkpoint)"
+            )
+
+    def translate(
+        self,
+        sentences: list[str],
+        *,
+        num_beams: int | None = None,
+        length_penalty: float | None = None,
+        max_tokens: int = 8192,
+        num_return_sequences: int = 1,
+    ) -> list[list[Translation]]:
+        """The `num_return_sequences` best translations of each sentence, best first, as `translate_hypotheses`
+        gives them (CTranslate2: the best one, score NaN, no token ids). Empty sentences translate to empty text;
+        sources longer than the model's positions are cut, with a `SourceTruncatedWarning`."""
+        self.check_settings(num_beams, length_penalty, num_return_sequences)
+        settings = dict(num_beams=num_beams, length_penalty=length_penalty, max_tokens=max_tokens)
+        if self.model is not None:
+            return translate_hypotheses(
+                self.model, self.tokenizer, sentences, num_return_sequences=num_return_sequences, **settings
+            )
+        return self._translate_ctranslate2(sentences, **settings)
+
+    def _translate_ctranslate2(self, sentences: list[str], **settings) -> list[list[Translation]]:
+        check_sentences(sentences)
+        results = [[Translation("", 0.0, [])] for _ in sentences]
+        todo, ids, truncated = prepare_sources(self.tokenizer, sentences, self.max_positions)
+        outputs = self.ctranslate2.generate(ids, max_length_offset=MAX_LENGTH_OFFSET, **settings) if ids else []
+        for index, text in zip(todo, self.tokenizer.batch_decode(outputs, skip_special_tokens=True), strict=True):
+            results[index] = [Translation(text.strip(), float("nan"), [])]
+        if truncated:
+            warnings.warn(truncated, stacklevel=3)
+        return results
+
+    def attention(
+        self, sentences: list[str], output_ids: list[list[int]] | None = None, **settings
+    ) -> list[AttentionMaps]:
+        """`attention_maps` of the translations of `sentences` (or of `output_ids`); this package's model only."""
+        self.require_model("attention weights")
+        return attention_maps(self.model, self.tokenizer, sentences, output_ids, **settings)

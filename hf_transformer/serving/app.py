@@ -1,0 +1,211 @@
+"""The web server of `hf-transformer serve`: a page to try the model at `/`, the JSON API (`POST /translate`,
+`POST /attention`, `GET /health`) and its OpenAPI description at `/openapi.json`, on FastAPI and uvicorn.
+
+Every refusal is a 4xx answer `{"error": "..."}` that names the problem: a body that is not JSON or too large, no
+sentences, too many, settings out of range. A sentence longer than the model's positions is translated cut to them,
+and the answer says so in `warnings`, as `translate()` warns and the `translate` command prints.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from importlib.resources import files
+from typing import Any
+
+from ..attention import alignment, format_alignment
+from ..engine import MAX_BEAMS, TranslationEngine
+from ..errors import MissingExtra, UserError
+from ..translate import prepare_sources
+from .batcher import Batcher, ServerBusy
+
+try:
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import HTMLResponse, JSONResponse
+    from pydantic import BaseModel, Field
+except ImportError as err:
+    raise MissingExtra("serving needs FastAPI and uvicorn: pip install 'hf-transformer[serve]'") from err
+
+logger = logging.getLogger(__name__)
+
+# What one request may hold.
+MAX_SENTENCES = 64
+MAX_BODY_BYTES = 1 << 20
+
+
+class TranslateRequest(BaseModel):
+    text: list[str] = Field(description="the sentences to translate", examples=[["4821", "17"]])
+    num_beams: int | None = Field(None, ge=1, le=MAX_BEAMS, description="beams of the beam search (default: model's)")
+    length_penalty: float | None = Field(None, ge=-10, le=10, description="alpha of the length penalty")
+
+
+class TranslateResponse(BaseModel):
+    translations: list[str] = Field(description="one translation per sentence, in order")
+    warnings: list[str] = Field(default_factory=list, description="sentences that were cut to the model's positions")
+
+
+class AttentionRequest(BaseModel):
+    text: str = Field(description="one sentence", examples=["4821"])
+    layer: int = Field(-1, description="the decoder layer, from 0 (-1: the last)")
+
+
+class AttentionResponse(BaseModel):
+    translation: str
+    source_tokens: list[str]
+    target_tokens: list[str]
+    weights: list[list[float]] = Field(description="target x source: the layer's encoder-decoder attention, head mean")
+    alignment: str = Field(description="source-target token index pairs, fairseq's format: '0-0 1-2'")
+    warnings: list[str] = Field(default_factory=list)
+
+
+class ErrorResponse(BaseModel):
+    error: str
+
+
+def create_app(
+    engine: TranslationEngine,
+    *,
+    max_sentences: int = MAX_SENTENCES,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    max_waiting_sentences: int = 4096,
+) -> FastAPI:
+    """The FastAPI application serving `engine`; requests that arrive together are translated in one batch."""
+    batcher = Batcher(engine, max_batch_sentences=max(256, max_sentences), max_waiting_sentences=max_waiting_sentences)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(
+        title="hf-transformer",
+        summary=f"Translation with {engine.name or 'a Transformer'} ({engine.engine})",
+        lifespan=lifespan,
+        responses={status: {"model": ErrorResponse} for status in (400, 413, 415, 422, 503)},
+    )
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    page = files(__package__).joinpath("page.html").read_text(encoding="utf-8")
+
+    def too_long(sentences: list[str]) -> list[str]:
+        _, _, truncated = prepare_sources(engine.tokenizer, sentences, engine.max_positions)
+        if truncated is None:
+            return []
+        logger.warning(str(truncated))
+        return [str(truncated)]
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
+        content_type = request.headers.get("content-type", "application/json")
+        if "json" not in content_type:
+            return _error(415, f"the body is {content_type}: send JSON with the header Content-Type: application/json")
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or "body"
+        if first.get("type") == "json_invalid":
+            return JSONResponse({"error": f"the body is not valid JSON: {first.get('msg')}"}, status_code=400)
+        if first.get("type") == "missing" and where == "body":
+            return _error(422, 'the body is empty: send JSON such as {"text": ["a sentence"]}')
+        return _error(422, f"{where}: {first.get('msg')}")
+
+    @app.exception_handler(UserError)
+    async def user_error(request: Request, error: UserError) -> JSONResponse:
+        return _error(422, str(error))
+
+    @app.exception_handler(ServerBusy)
+    async def busy(request: Request, error: ServerBusy) -> JSONResponse:
+        return JSONResponse({"error": str(error)}, status_code=503, headers={"Retry-After": "1"})
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def index() -> str:
+        return page
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        """Whether the server is up, and the model it serves."""
+        return {"status": "ok", "model": engine.name, "engine": engine.engine, "max_sentences": max_sentences}
+
+    @app.post("/translate", response_model=TranslateResponse)
+    async def translate(request: TranslateRequest) -> TranslateResponse:
+        """Translate sentences (at most `max_sentences` per request; empty ones stay empty)."""
+        if not request.text:
+            return _error(422, 'text is empty: send at least one sentence, {"text": ["a sentence"]}')
+        if len(request.text) > max_sentences:
+            return _error(
+                413, f"text holds {len(request.text)} sentences, more than {max_sentences} per request: split it"
+            )
+        warnings = too_long(request.text)
+        translations = await batcher.translate(request.text, request.num_beams, request.length_penalty)
+        return TranslateResponse(translations=translations, warnings=warnings)
+
+    @app.post("/attention", response_model=AttentionResponse)
+    async def attention(request: AttentionRequest) -> AttentionResponse:
+        """The translation of one sentence and its encoder-decoder attention (one layer, averaged over heads)."""
+        if not request.text.strip():
+            return _error(422, "text is empty: send a sentence")
+        engine.require_model("attention weights")
+        layers = engine.model.config.decoder_layers
+        if not -layers <= request.layer < layers:
+            return _error(422, f"layer {request.layer}: the model has {layers} layers, 0 to {layers - 1}")
+        warnings = too_long([request.text])
+        (maps,) = await batcher.run(engine.attention, [request.text])
+        return AttentionResponse(
+            translation=maps.translation,
+            source_tokens=maps.source_tokens,
+            target_tokens=maps.target_tokens,
+            weights=maps.cross_attentions[request.layer].mean(dim=0).tolist(),
+            alignment=format_alignment(alignment(maps, request.layer)),
+            warnings=warnings,
+        )
+
+    return app
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+class BodyLimit:
+    """Reads the whole body before the application does, refusing one larger than `max_bytes` with 413 as soon as it
+    is known to be (by its Content-Length, or as it arrives), so that no request makes the server hold more."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = _error(413, f"the body is larger than {self.max_bytes:,} bytes: send fewer or shorter sentences")
+        length = dict(scope["headers"]).get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > self.max_bytes:
+            await too_large(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            event = await receive()
+            if event["type"] == "http.disconnect":
+                return
+            body += event.get("body", b"")
+            more = event.get("more_body", False)
+            if len(body) > self.max_bytes:
+                await too_large(scope, receive, send)
+                return
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+def serve(engine: TranslationEngine, host: str = "127.0.0.1", port: int = 8000, **settings: Any) -> None:
+    """Serve `engine` until interrupted (`settings`: those of `create_app`)."""
+    import uvicorn
+
+    # A bounded number of open connections: more are answered 503 at once.
+    uvicorn.run(create_app(engine, **settings), host=host, port=port, limit_concurrency=256, log_level="info")

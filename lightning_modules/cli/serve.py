@@ -1,0 +1,45 @@
+"""`hf-transformer serve MODEL`: a web page to try a model and a JSON API, on 127.0.0.1 unless told otherwise."""
+
+import argparse
+import warnings
+
+from hf_transformer.errors import MissingExtra
+from hf_transformer.translate import SourceTruncatedWarning
+
+from .models import add_model_arguments, load_engine
+
+
+def main(argv: list[str]) -> None:
+    """`hf-transformer serve MODEL [--host H] [--port P] [...]`."""
+    args = _parser().parse_args(argv)
+    try:
+        from hf_transformer.serving import serve
+    except ImportError as err:
+        if isinstance(err, MissingExtra):
+            raise
+        raise MissingExtra(f"serving needs FastAPI and uvicorn: pip install 'hf-transformer[serve]' ({err})") from err
+    engine = load_engine(args.model, args.average, args.device)
+    # The server answers a cut sentence with a warning of its own (and logs it): not a second one per batch.
+    warnings.filterwarnings("ignore", category=SourceTruncatedWarning)
+    print(f"Serving {args.model} on http://{args.host}:{args.port}/ (API: /translate, /docs)", flush=True)
+    serve(engine, host=args.host, port=args.port, max_sentences=args.max_sentences)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hf-transformer serve",
+        description='Serve a model: a page to try it at /, POST /translate with {"text": ["...", ...]} answering '
+        '{"translations": [...]}, POST /attention, GET /health, and the OpenAPI description at /openapi.json (/docs '
+        "shows it). Requests that arrive together are translated in one batch. Needs pip install "
+        "'hf-transformer[serve]'.",
+        allow_abbrev=False,
+    )
+    add_model_arguments(parser)
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1, this machine only)"
+    )
+    parser.add_argument("--port", type=int, default=8000, help="the port (default: 8000)")
+    parser.add_argument(
+        "--max-sentences", type=int, default=64, help="the most sentences one request may hold (default: 64)"
+    )
+    return parser

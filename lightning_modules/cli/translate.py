@@ -1,0 +1,198 @@
+"""`hf-transformer translate MODEL [FILE ...]`: translate files or standard input line by line, as fairseq-interactive,
+onmt_translate and marian-decoder do, with `translate()`."""
+
+import argparse
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TextIO
+
+from hf_transformer.attention import alignment, format_alignment
+from hf_transformer.engine import TranslationEngine
+from hf_transformer.errors import UserError
+from hf_transformer.translate import SourceTruncatedWarning, Translation, truncation_message
+
+from .models import add_model_arguments, load_engine
+
+# Lines translated together: enough for full token-budget batches, few enough for regular progress lines.
+CHUNK_LINES = 1000
+
+
+def main(argv: list[str]) -> None:
+    """`hf-transformer translate MODEL [FILE ...] [...]`."""
+    args = _parser().parse_args(argv)
+    with ExitStack() as stack:
+        output = stack.enter_context(open(args.output, "w", encoding="utf-8")) if args.output else sys.stdout
+        sources = [Path(name) for name in args.files]
+        for source in sources:
+            if not source.is_file():
+                raise UserError(f"{source}: no such file (FILE arguments are text files, one sentence per line)")
+        references = _read_references(args.reference) if args.reference else None
+        if references is not None and sources:
+            _check_references(references, sum(_count_lines(source) for source in sources), args.reference)
+        engine = load_engine(args.model, args.average, args.device)
+        engine.check_settings(args.num_beams, args.length_penalty, args.n_best)
+        if args.alignments:
+            engine.require_model("alignments")
+        hypotheses = translate_lines(engine, sources, output, args)
+    if references is not None:
+        print_scores(hypotheses, references, args.reference, args.target_lang)
+
+
+def translate_lines(
+    engine: TranslationEngine, sources: list[Path], output: TextIO, args: argparse.Namespace
+) -> list[str]:
+    """Translate every line of `sources` (standard input when empty) in order, writing each chunk as it is done;
+    returns the best translation of each line."""
+    interactive = not sources and sys.stdin.isatty()
+    total = sum(_count_lines(source) for source in sources)
+    best, done, started = [], 0, time.perf_counter()
+    for chunk in _chunks(sources, 1 if interactive else CHUNK_LINES):
+        names = [f"line {number} of {name}" for name, number, _ in chunk]
+        lines = [line for _, _, line in chunk]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", SourceTruncatedWarning)
+            translations = engine.translate(
+                lines,
+                num_beams=args.num_beams,
+                length_penalty=args.length_penalty,
+                max_tokens=args.max_tokens,
+                num_return_sequences=args.n_best,
+            )
+        for warning in caught:
+            if isinstance(warning.message, SourceTruncatedWarning):
+                cut = [names[index] for index in warning.message.indices]
+                message = truncation_message(cut, len(lines), warning.message.max_length)
+                print(f"hf-transformer translate: warning: {message}", file=sys.stderr)
+        alignments = _alignments(engine, lines, translations) if args.alignments else None
+        for offset, hypotheses in enumerate(translations):
+            for rank, hypothesis in enumerate(hypotheses):
+                fields = [hypothesis.text]
+                if args.n_best > 1:
+                    fields = [str(done + offset), hypothesis.text, f"{hypothesis.score:.4f}"]
+                if alignments is not None and lines[offset].strip():
+                    fields.append(alignments[offset][rank])
+                output.write(" ||| ".join(fields) + "\n")
+        output.flush()
+        best += [hypotheses[0].text for hypotheses in translations]
+        done += len(chunk)
+        if sources:
+            rate = done / (time.perf_counter() - started)
+            print(f"translated {done:,}/{total:,} lines, {rate:,.1f} sentences/s", file=sys.stderr, flush=True)
+    return best
+
+
+def print_scores(hypotheses: list[str], references: list[str], path: str, target_lang: str) -> None:
+    """Every score of `hypotheses` against `references`, each labelled with how it was computed, on stderr."""
+    from hf_transformer.scoring import format_scores, translation_scores
+
+    _check_references(references, len(hypotheses), path)
+    print(format_scores(translation_scores(hypotheses, references, target_lang)), file=sys.stderr)
+
+
+def _check_references(references: list[str], lines: int, path: str) -> None:
+    if len(references) != lines:
+        raise UserError(
+            f"--reference {path} has {len(references)} lines for {lines} translated lines: pass the reference of the "
+            "same text, one line per source line"
+        )
+
+
+def _alignments(engine: TranslationEngine, lines: list[str], translations: list[list[Translation]]) -> list[list[str]]:
+    """The alignment of every hypothesis of every non-empty line, fairseq's format."""
+    todo = [
+        (index, rank) for index, line in enumerate(lines) if line.strip() for rank in range(len(translations[index]))
+    ]
+    maps = engine.attention(
+        [lines[index] for index, _ in todo], [translations[index][rank].token_ids for index, rank in todo]
+    )
+    result = [[""] * len(hypotheses) for hypotheses in translations]
+    for (index, rank), sentence_maps in zip(todo, maps, strict=True):
+        result[index][rank] = format_alignment(alignment(sentence_maps))
+    return result
+
+
+def _chunks(sources: list[Path], size: int) -> Iterator[list[tuple[str, int, str]]]:
+    """(file name, line number, line) in chunks of `size` lines, over the files in order or standard input."""
+    chunk = []
+    for name, number, line in _lines(sources):
+        chunk.append((name, number, line))
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _lines(sources: list[Path]) -> Iterator[tuple[str, int, str]]:
+    if not sources:
+        for number, line in enumerate(sys.stdin, 1):
+            yield "standard input", number, line.rstrip("\r\n")
+        return
+    for source in sources:
+        with open(source, encoding="utf-8") as file:
+            for number, line in enumerate(file, 1):
+                yield str(source), number, line.rstrip("\r\n")
+
+
+def _count_lines(source: Path) -> int:
+    with open(source, "rb") as file:
+        return sum(1 for _ in file)
+
+
+def _read_references(path: str) -> list[str]:
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise UserError(f"--reference {path}: cannot be read ({err.strerror})") from err
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hf-transformer translate",
+        description="Translate text files, or standard input, one sentence per line: one output line per input line, "
+        "in order (empty lines stay empty), with beam search as `hf_transformer.translate()` does it. A sentence "
+        "longer than the model's positions is cut to them, with a warning naming its line.",
+        allow_abbrev=False,
+    )
+    add_model_arguments(parser)
+    parser.add_argument("files", nargs="*", metavar="FILE", help="text files to translate (default: standard input)")
+    parser.add_argument("-o", "--output", help="write the translations here (default: standard output)")
+    parser.add_argument(
+        "--num-beams", "--beam-size", type=int, help="beams of the beam search; 1 is greedy (default: the model's, 4)"
+    )
+    parser.add_argument("--length-penalty", type=float, help="alpha of the length penalty (default: the model's, 0.6)")
+    parser.add_argument(
+        "--n-best",
+        type=int,
+        default=1,
+        metavar="K",
+        help="write the K best translations of each line, best first, as 'LINE ||| TRANSLATION ||| SCORE' (LINE "
+        "counts from 0; SCORE: summed log-probabilities / length ** length penalty)",
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=8192, help="token budget of a batch: source tokens x beams (default: 8192)"
+    )
+    parser.add_argument(
+        "--reference",
+        metavar="FILE",
+        help="the reference translations, one per line: print sacreBLEU (with its signature), lowercased sacreBLEU, "
+        "chrF and the tokenized BLEU of papers on standard error",
+    )
+    parser.add_argument(
+        "--target-lang",
+        default="en",
+        metavar="LANG",
+        help="the references' language, for the Moses tokenization of the tokenized BLEU (de adds the compound-split "
+        "BLEU of WMT14 en-de papers; default: en)",
+    )
+    parser.add_argument(
+        "--alignments",
+        action="store_true",
+        help="append ' ||| ' and the hard alignment read from the encoder-decoder attention (last layer, mean of the "
+        "heads) as fairseq's --print-alignment writes it: source-target token index pairs, '0-0 1-2 2-1'",
+    )
+    return parser

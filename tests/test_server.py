@@ -1,0 +1,217 @@
+"""`hf-transformer serve`: the JSON API answers what `translate()` gives, refuses bad input with a 4xx naming the
+problem, batches concurrent requests, survives a burst, and its page works in a real browser."""
+
+import asyncio
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import make_tiny_config
+
+pytest.importorskip("fastapi", reason="serving needs FastAPI: pip install 'hf-transformer[serve]'")
+import httpx  # noqa: E402
+import uvicorn  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+
+from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, translate  # noqa: E402
+from hf_transformer.engine import TranslationEngine  # noqa: E402
+from hf_transformer.serving import create_app  # noqa: E402
+from hf_transformer.serving.batcher import Batcher, ServerBusy  # noqa: E402
+from hf_transformer.translate import SourceTruncatedWarning  # noqa: E402
+
+SENTENCES = ["two men play music", "a dog", "", "ein hund rennt"]
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+
+
+@pytest.fixture
+def engine(tiny_tokenizer) -> TranslationEngine:
+    config = TransformerConfig(**{**make_tiny_config().to_dict(), "vocab_size": len(tiny_tokenizer)})
+    model = TransformerForConditionalGeneration(config).eval()
+    model.generation_config.update(num_beams=2)
+    return TranslationEngine(tiny_tokenizer, model=model, name="tiny")
+
+
+@pytest.fixture
+def client(engine):
+    with TestClient(create_app(engine, max_sentences=8, max_body_bytes=4096)) as client:
+        yield client
+
+
+def test_translate_answers_what_translate_gives(engine, client):
+    answer = client.post("/translate", json={"text": SENTENCES})
+    assert answer.status_code == 200
+    assert answer.json() == {"translations": translate(engine.model, engine.tokenizer, SENTENCES), "warnings": []}
+    greedy = client.post("/translate", json={"text": SENTENCES, "num_beams": 1, "length_penalty": 1.0}).json()
+    assert greedy["translations"] == translate(engine.model, engine.tokenizer, SENTENCES, num_beams=1)
+    assert client.get("/health").json()["status"] == "ok"
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/translate", "/attention", "/health"} <= set(paths)
+    assert 'id="text"' in client.get("/").text
+
+
+def test_attention_answers_the_maps_of_the_translation(engine, client):
+    answer = client.post("/attention", json={"text": "a dog"}).json()
+    assert answer["translation"] == translate(engine.model, engine.tokenizer, ["a dog"])[0]
+    assert len(answer["weights"]) == len(answer["target_tokens"])
+    assert all(len(row) == len(answer["source_tokens"]) and abs(sum(row) - 1) < 1e-4 for row in answer["weights"])
+    assert client.post("/attention", json={"text": "a dog", "layer": 5}).json() == {
+        "error": "layer 5: the model has 2 layers, 0 to 1"
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        (None, 422, "the body is empty"),
+        ("{not json", 400, "the body is not valid JSON"),
+        ({"text": "a dog"}, 422, "text: Input should be a valid list"),
+        ({"text": [1, 2]}, 422, "text.0: Input should be a valid string"),
+        ({"text": []}, 422, "text is empty"),
+        ({"text": ["a"] * 9}, 413, "text holds 9 sentences, more than 8 per request"),
+        ({"text": ["a dog " * 1000]}, 413, "the body is larger than 4,096 bytes"),
+        ({"text": ["a"], "num_beams": 0}, 422, "num_beams: Input should be greater than or equal to 1"),
+        ({"sentences": ["a"]}, 422, "text: Field required"),
+    ],
+)
+def test_bad_requests_get_a_4xx_naming_the_problem(client, body, status, message):
+    if body is None:
+        answer = client.post("/translate", headers={"Content-Type": "application/json"})
+    elif isinstance(body, str):
+        answer = client.post("/translate", content=body, headers={"Content-Type": "application/json"})
+    else:
+        answer = client.post("/translate", json=body)
+    assert answer.status_code == status
+    assert message in answer.json()["error"]
+
+
+def test_a_form_body_is_refused_naming_the_content_type(client):
+    answer = client.post("/translate", data={"text": "a dog"})
+    assert answer.status_code == 415 and "Content-Type: application/json" in answer.json()["error"]
+
+
+def test_a_sentence_longer_than_the_positions_is_cut_with_a_warning(tiny_tokenizer):
+    config = TransformerConfig(**{**make_tiny_config().to_dict(), "vocab_size": len(tiny_tokenizer)})
+    config.max_position_embeddings = 8
+    engine = TranslationEngine(tiny_tokenizer, model=TransformerForConditionalGeneration(config).eval())
+    with TestClient(create_app(engine)) as client, pytest.warns(SourceTruncatedWarning):  # also in the server's log
+        answer = client.post("/translate", json={"text": ["a dog", "two men play music on the grass a dog"]}).json()
+    assert len(answer["translations"]) == 2
+    assert answer["warnings"] == [
+        "1 of 2 sentences are longer than the model's 8 positions and were cut to 8 tokens, so their translations "
+        "miss the end (sentence 1): split them into shorter sentences"
+    ]
+
+
+def test_concurrent_requests_share_translate_calls_and_keep_their_order():
+    class SlowEngine:
+        calls: list[list[str]] = []
+
+        def translate(self, sentences, num_beams=None, length_penalty=None):
+            self.calls.append(list(sentences))
+            time.sleep(0.05)
+            return [[type("T", (), {"text": sentence.upper()})()] for sentence in sentences]
+
+    async def requests() -> list[list[str]]:
+        batcher = Batcher(SlowEngine(), max_waiting_sentences=20)
+        batcher.start()
+        results = await asyncio.gather(*(batcher.translate([f"s{i}", f"t{i}"]) for i in range(8)))
+        with pytest.raises(ServerBusy, match="retry"):
+            await asyncio.gather(*(batcher.translate(["x"] * 10) for _ in range(3)))
+        await batcher.stop()
+        return results
+
+    results = asyncio.run(requests())
+    assert results == [[f"S{i}", f"T{i}"] for i in range(8)]
+    assert len(SlowEngine.calls) <= 3  # the first request alone, then the others together
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def server(engine):
+    """The app on a real uvicorn server on 127.0.0.1, in a thread of this process."""
+    port = free_port()
+    app = create_app(engine, max_sentences=8, max_waiting_sentences=32)
+    instance = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=instance.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not instance.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    instance.should_exit = True
+    thread.join(timeout=30)
+
+
+def resident_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_a_burst_neither_crashes_the_server_nor_grows_its_memory(server):
+    def post(index: int) -> int:
+        return httpx.post(f"{server}/translate", json={"text": [f"a dog {index}"] * 4}, timeout=60).status_code
+
+    statuses, memory = [], []
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        for _ in range(4):
+            statuses += list(pool.map(post, range(64)))
+            memory.append(resident_mib())
+    assert set(statuses) <= {200, 503} and 200 in statuses
+    assert 503 in statuses  # more waiting sentences than the server holds: refused at once, not queued
+    assert memory[-1] - memory[1] < 100, memory  # a bounded queue: later bursts do not add up
+    assert httpx.get(f"{server}/health").json()["status"] == "ok"
+
+
+def chrome():
+    """Headless Chromium driven by Selenium with Debian's chromium and chromium-driver, or skip saying why."""
+    pytest.importorskip("selenium", reason="the browser test needs Selenium: pip install selenium")
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        pytest.skip(
+            f"no browser: {CHROMIUM} or {CHROMEDRIVER} is missing (apt-get install chromium chromium-driver; "
+            ".ci/run installs them where Debian's packages can be reached)"
+        )
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1000,900"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+
+
+def test_the_page_translates_what_a_person_types(engine, server):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = chrome()
+    try:
+        driver.get(f"{server}/")
+        box = driver.find_element(By.ID, "text")
+        box.clear()
+        box.send_keys("a dog\ntwo men play music")
+        driver.find_element(By.ID, "translate").click()
+        wait = WebDriverWait(driver, 30)
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#translations .translation")) == 2)
+        shown = [element.text for element in driver.find_elements(By.CSS_SELECTOR, "#translations .translation")]
+        # The browser collapses runs of spaces, as HTML does.
+        expected = [
+            " ".join(t.split()) for t in translate(engine.model, engine.tokenizer, ["a dog", "two men play music"])
+        ]
+        assert shown == expected
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "table.map td"))
+        assert driver.find_element(By.ID, "error").text == ""
+        assert "tiny (hf-transformer)" in driver.find_element(By.ID, "model").text
+    finally:
+        driver.quit()

@@ -1,0 +1,364 @@
+"""Using a trained model: n-best lists and cut sources in `translate()`, attention weights and alignments, and the
+`translate` and `attention` commands, which must give what `translate()` gives."""
+
+import io
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_tiny_config
+
+from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline, translate
+from hf_transformer.attention import alignment, attention_maps, format_alignment
+from hf_transformer.errors import TranslationInputError
+from hf_transformer.translate import SourceTruncatedWarning, translate_hypotheses
+from lightning_modules.checkpoint import tokenizer_state
+from lightning_modules.cli import main
+
+SENTENCES = ["two men play music on the grass", "a dog", "ein hund rennt", "a dog runs on the grass"]
+
+
+def tiny_model(tokenizer, **overrides) -> TransformerForConditionalGeneration:
+    config = TransformerConfig(**{**make_tiny_config().to_dict(), "vocab_size": len(tokenizer), **overrides})
+    return TransformerForConditionalGeneration(config).eval()
+
+
+# --- translate(): n-best, empty sentences, cut sources, wrong input --------------------------------------------
+
+
+def test_n_best_equals_generate_with_num_return_sequences(tiny_tokenizer):
+    model = tiny_model(tiny_tokenizer).double()  # float64: one algorithm on both sides, no near ties
+    results = translate_hypotheses(
+        model, tiny_tokenizer, SENTENCES[1:], num_beams=4, num_return_sequences=3, max_length_offset=6, max_tokens=40
+    )
+    for sentence, hypotheses in zip(SENTENCES[1:], results, strict=True):
+        inputs = tiny_tokenizer(sentence, return_tensors="pt")
+        expected = model.generate(
+            **inputs,
+            num_beams=4,
+            num_return_sequences=3,
+            max_length=inputs["input_ids"].shape[1] + 6 + 1,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        assert [hypothesis.token_ids for hypothesis in hypotheses] == [
+            row[: row.index(2, 1) + 1] if 2 in row[1:] else row for row in expected.sequences.tolist()
+        ]
+        assert torch.allclose(torch.tensor([h.score for h in hypotheses]), expected.sequences_scores.float(), atol=1e-5)
+        assert [h.score for h in hypotheses] == sorted((h.score for h in hypotheses), reverse=True)
+    assert [best[0].text for best in results] == translate(
+        model, tiny_tokenizer, SENTENCES[1:], num_beams=4, max_length_offset=6, max_tokens=40
+    )
+
+
+def test_empty_sentences_translate_to_empty_strings_in_place(tiny_tokenizer):
+    model = tiny_model(tiny_tokenizer)
+    with_blanks = ["", SENTENCES[0], "   ", SENTENCES[1]]
+    result = translate(model, tiny_tokenizer, with_blanks, max_length_offset=4)
+    assert result[0] == result[2] == ""
+    assert result[1::2] == translate(model, tiny_tokenizer, SENTENCES[:2], max_length_offset=4)
+    assert translate(model, tiny_tokenizer, [""]) == [""]
+
+
+def test_a_source_longer_than_the_positions_is_cut_with_a_warning_naming_it(tiny_tokenizer):
+    model = tiny_model(tiny_tokenizer, max_position_embeddings=8)
+    with pytest.warns(SourceTruncatedWarning, match=r"1 of 2 sentences .* 8 positions .* cut to 8 tokens.*sentence 1"):
+        translate(model, tiny_tokenizer, ["a dog", "two men play music on the grass a dog runs"], max_length_offset=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # sources that fit give no warning
+        translate(model, tiny_tokenizer, ["a dog"], max_length_offset=2)
+
+
+def test_wrong_input_gives_a_clear_error_or_a_sensible_result(tiny_tokenizer):
+    model = tiny_model(tiny_tokenizer)
+    with pytest.raises(TranslationInputError, match=r"not one string: pass \['4821'\]"):
+        translate(model, tiny_tokenizer, "4821")
+    with pytest.raises(TranslationInputError, match="sentence 1 is a int"):
+        translate(model, tiny_tokenizer, ["a dog", 17])
+    with pytest.raises(TranslationInputError, match="num_return_sequences=3 must be between 1 and num_beams=2"):
+        translate_hypotheses(model, tiny_tokenizer, ["a dog"], num_beams=2, num_return_sequences=3)
+    pipeline = TranslationPipeline(model=model, tokenizer=tiny_tokenizer)
+    assert pipeline([]) == []
+    with pytest.warns(UserWarning, match="cut to 5 tokens"):
+        pipeline(["two men play music on the grass"], max_source_length=5, max_new_tokens=2)
+
+
+# --- attention weights ------------------------------------------------------------------------------------------
+
+
+def test_attention_maps_are_distributions_over_real_tokens_with_the_future_masked(tiny_tokenizer):
+    model = tiny_model(tiny_tokenizer)
+    config = model.config
+    maps = attention_maps(model, tiny_tokenizer, SENTENCES, num_beams=2, max_length_offset=5)
+    translations = translate_hypotheses(model, tiny_tokenizer, SENTENCES, num_beams=2, max_length_offset=5)
+    for sentence, sentence_maps, best in zip(SENTENCES, maps, translations, strict=True):
+        source = tiny_tokenizer(sentence)["input_ids"]
+        target = len(best[0].token_ids) - 1  # the produced tokens: all but the start token
+        assert sentence_maps.translation == best[0].text
+        assert sentence_maps.cross_attentions.shape == (config.decoder_layers, 4, target, len(source))
+        assert sentence_maps.encoder_attentions.shape == (config.encoder_layers, 4, len(source), len(source))
+        assert sentence_maps.decoder_attentions.shape == (config.decoder_layers, 4, target, target)
+        assert len(sentence_maps.source_tokens) == len(source) and len(sentence_maps.target_tokens) == target
+        # Cut to the real tokens of this sentence, each row still sums to 1: padding got no weight in the batch.
+        for kind in ("cross", "encoder", "decoder"):
+            weights = sentence_maps.weights(kind)
+            assert torch.allclose(weights.sum(-1), torch.ones(weights.shape[:-1]), atol=1e-5), kind
+        future = torch.ones(target, target, dtype=torch.bool).triu(1)
+        assert (sentence_maps.decoder_attentions[:, :, future] == 0).all()
+    # Batched with padding or alone: the same weights.
+    (alone,) = attention_maps(model, tiny_tokenizer, SENTENCES[1:2], num_beams=2, max_length_offset=5)
+    assert torch.allclose(alone.cross_attentions, maps[1].cross_attentions, atol=1e-5)
+
+
+def test_attention_maps_equal_the_models_own_output_attentions(tiny_tokenizer):
+    model = tiny_model(tiny_tokenizer)
+    output_ids = [[1, 10, 11, 12, 2]]
+    (maps,) = attention_maps(model, tiny_tokenizer, ["a dog"], output_ids)
+    inputs = tiny_tokenizer(["a dog"], return_tensors="pt")
+    with torch.no_grad():
+        expected = model(**inputs, decoder_input_ids=torch.tensor([[1, 10, 11, 12]]), output_attentions=True)
+    assert torch.allclose(maps.cross_attentions, torch.stack(expected.cross_attentions)[:, 0])
+    assert maps.target_tokens == tiny_tokenizer.convert_ids_to_tokens([10, 11, 12, 2])
+    assert maps.decoder_input_tokens == tiny_tokenizer.convert_ids_to_tokens([1, 10, 11, 12])
+
+
+def test_alignment_pairs_each_target_token_with_its_most_attended_source_token(tiny_tokenizer):
+    model = tiny_model(tiny_tokenizer)
+    (maps,) = attention_maps(model, tiny_tokenizer, ["two men play music"], [[1, 10, 11, 12, 2]])
+    pairs = alignment(maps)
+    source_words = len(maps.source_tokens) - 1  # without </s>
+    assert [target for _, target in pairs] == [0, 1, 2]  # every target token but </s>, in order
+    assert all(0 <= source < source_words for source, _ in pairs)
+    mean = maps.cross_attentions[-1].mean(0)
+    assert all(mean[target, source] == mean[target, :source_words].max() for source, target in pairs)
+    assert format_alignment([(0, 0), (2, 1)]) == "0-0 2-1"
+
+
+def test_plots_have_tokens_on_their_axes(tiny_tokenizer, tmp_path):
+    pytest.importorskip("matplotlib", reason="plotting needs matplotlib: pip install 'hf-transformer[plot]'")
+    from hf_transformer.attention import plot_attention, plot_attention_heads
+
+    model = tiny_model(tiny_tokenizer)
+    (maps,) = attention_maps(model, tiny_tokenizer, ["a dog runs"], [[1, 10, 11, 2]])
+    figure = plot_attention(maps)
+    axes = figure.axes[0]
+    assert [label.get_text() for label in axes.get_xticklabels()] == maps.source_tokens
+    assert [label.get_text() for label in axes.get_yticklabels()] == maps.target_tokens
+    grid = plot_attention_heads(maps, "encoder")
+    assert len([axes for axes in grid.axes if axes.images]) == model.config.encoder_layers * 4
+    figure.savefig(tmp_path / "map.png")
+    assert (tmp_path / "map.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# --- the commands -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def checkpoint(tiny_tokenizer, tmp_path) -> Path:
+    """A checkpoint as training writes it (model weights, config, tokenizer), of an untrained tiny model; 24 positions
+    keep its outputs, which run to the length limit, short."""
+    model = tiny_model(tiny_tokenizer, max_position_embeddings=24)
+    model.generation_config.update(num_beams=3, length_penalty=0.6)
+    path = tmp_path / "model.ckpt"
+    torch.save(
+        {
+            "state_dict": {f"model.{name}": tensor for name, tensor in model.state_dict().items()},
+            "hf_config": model.config.to_dict(),
+            "generation_config": model.generation_config.to_dict(),
+            "tokenizer": tokenizer_state(tiny_tokenizer),
+            "global_step": 1,
+        },
+        path,
+    )
+    return path
+
+
+def reference_model(checkpoint: Path):
+    from lightning_modules.checkpoint import load_checkpoint, model_from_checkpoint, tokenizer_from_checkpoint
+
+    loaded = load_checkpoint(checkpoint)
+    return model_from_checkpoint(loaded), tokenizer_from_checkpoint(loaded)
+
+
+def test_translate_command_equals_translate_keeping_order_and_empty_lines(checkpoint, tmp_path, capsys):
+    model, tokenizer = reference_model(checkpoint)
+    lines = [SENTENCES[0], "", SENTENCES[1], SENTENCES[2], "", SENTENCES[3]]
+    (tmp_path / "a.txt").write_text("\n".join(lines[:3]) + "\n")
+    (tmp_path / "b.txt").write_text("\n".join(lines[3:]) + "\n")
+    main(["translate", str(checkpoint), str(tmp_path / "a.txt"), str(tmp_path / "b.txt"), "-o", str(tmp_path / "out")])
+    expected = translate(model, tokenizer, lines)
+    assert (tmp_path / "out").read_text().split("\n")[:-1] == expected
+    assert expected[1] == expected[4] == ""
+    assert "translated 6/6 lines" in capsys.readouterr().err
+
+    # Standard input to standard output, with other decoding settings.
+    monkey_stdin = io.StringIO("\n".join(lines) + "\n")
+    sys_stdin, sys.stdin = sys.stdin, monkey_stdin
+    try:
+        main(["translate", str(checkpoint), "--num-beams", "1", "--length-penalty", "1.0"])
+    finally:
+        sys.stdin = sys_stdin
+    output = capsys.readouterr().out
+    assert output.split("\n")[:-1] == translate(model, tokenizer, lines, num_beams=1, length_penalty=1.0)
+
+
+def test_translate_command_n_best_alignments_and_reference(checkpoint, tmp_path, capsys):
+    model, tokenizer = reference_model(checkpoint)
+    lines = SENTENCES[:2]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    (tmp_path / "ref.txt").write_text("\n".join(translate(model, tokenizer, lines)) + "\n")
+    main(["translate", str(checkpoint), str(tmp_path / "in.txt"), "--n-best", "3", "--alignments"])
+    captured = capsys.readouterr()
+    rows = [line.split(" ||| ") for line in captured.out.splitlines()]
+    assert [int(row[0]) for row in rows] == [0, 0, 0, 1, 1, 1]
+    expected = translate_hypotheses(model, tokenizer, lines, num_return_sequences=3)
+    for index, hypotheses in enumerate(expected):
+        mine = rows[3 * index : 3 * index + 3]
+        assert [row[1] for row in mine] == [hypothesis.text for hypothesis in hypotheses]
+        scores = [float(row[2]) for row in mine]
+        assert scores == sorted(scores, reverse=True)
+        assert scores == pytest.approx([hypothesis.score for hypothesis in hypotheses], abs=1e-4)
+        for row, hypothesis in zip(mine, hypotheses, strict=True):
+            source_tokens = len(tokenizer(lines[index])["input_ids"]) - 1  # without </s>
+            target_tokens = len(hypothesis.token_ids) - 2  # without <s> and </s> (when it ends with it)
+            pairs = [tuple(map(int, pair.split("-"))) for pair in row[3].split()]
+            assert all(0 <= source < source_tokens and 0 <= target <= target_tokens for source, target in pairs)
+
+    main(["translate", str(checkpoint), str(tmp_path / "in.txt"), "--reference", str(tmp_path / "ref.txt")])
+    err = capsys.readouterr().err
+    assert "sacreBLEU" in err and "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in err
+    assert err.count("100.00") >= 4 and "multi-bleu.perl -lc" in err  # the references of themselves, every score
+
+
+def test_translate_command_warns_naming_the_lines_it_cut(tiny_tokenizer, checkpoint, tmp_path, capsys):
+    saved = torch.load(checkpoint, weights_only=True)
+    saved["hf_config"]["max_position_embeddings"] = 8
+    torch.save(saved, checkpoint)
+    (tmp_path / "in.txt").write_text("a dog\ntwo men play music on the grass a dog runs\n")
+    main(["translate", str(checkpoint), str(tmp_path / "in.txt"), "--num-beams", "1"])
+    err = capsys.readouterr().err
+    assert "1 of 2 sentences are longer than the model's 8 positions and were cut to 8 tokens" in err
+    assert f"line 2 of {tmp_path / 'in.txt'}" in err
+
+
+def test_translate_command_refuses_mistakes_in_one_line(checkpoint, tmp_path, capsys):
+    (tmp_path / "in.txt").write_text("a dog\n")
+    (tmp_path / "ref.txt").write_text("one\ntwo\n")
+    mistakes = {
+        ("missing.txt",): "missing.txt: no such file",
+        ("--n-best", "5"): "n-best 5 must be between 1 and the number of beams (3)",
+        ("--num-beams", "0"): "num_beams=0 must be between 1 and 16",
+        ("--reference", str(tmp_path / "ref.txt")): "has 2 lines for 1 translated lines",
+    }
+    for extra, message in mistakes.items():
+        arguments = [a if a != "missing.txt" else str(tmp_path / a) for a in extra]
+        files = [] if extra[0] == "missing.txt" else [str(tmp_path / "in.txt")]
+        with pytest.raises(SystemExit):
+            main(["translate", str(checkpoint), *files, *arguments])
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+        assert err.startswith("hf-transformer translate: error:")
+    with pytest.raises(SystemExit):
+        main(["translate", str(tmp_path / "no-such-model"), str(tmp_path / "in.txt")])
+    assert "is no model folder, checkpoint or Hub repository" in capsys.readouterr().err
+    (tmp_path / "marian").mkdir()
+    (tmp_path / "marian" / "config.json").write_text('{"model_type": "marian"}')
+    with pytest.raises(SystemExit):
+        main(["translate", str(tmp_path / "marian"), str(tmp_path / "in.txt")])
+    assert "holds a marian model: pass a folder exported with --format hf-transformer" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["predict", "--config", "configs/demo.yaml"])
+    assert "there is no predict command: `hf-transformer test`" in capsys.readouterr().err
+
+
+def test_translate_command_reads_exported_and_ctranslate2_folders(checkpoint, tmp_path, capsys):
+    from lightning_modules.checkpoint import export, load_checkpoint
+
+    model, tokenizer = reference_model(checkpoint)
+    export(load_checkpoint(checkpoint), tmp_path / "exported")
+    (tmp_path / "in.txt").write_text("\n".join(SENTENCES) + "\n")
+    main(["translate", str(tmp_path / "exported"), str(tmp_path / "in.txt")])
+    assert capsys.readouterr().out.splitlines() == translate(model, tokenizer, SENTENCES)
+
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed: pip install 'hf-transformer[ctranslate2]'")
+    from hf_transformer.export.ctranslate2 import CTranslate2Translator
+
+    main(["export", str(tmp_path / "exported"), str(tmp_path / "ct2"), "--format", "ctranslate2"])
+    capsys.readouterr()
+    main(["translate", str(tmp_path / "ct2"), str(tmp_path / "in.txt")])
+    assert capsys.readouterr().out.splitlines() == CTranslate2Translator(tmp_path / "ct2")(SENTENCES)
+    with pytest.raises(SystemExit):
+        main(["translate", str(tmp_path / "ct2"), str(tmp_path / "in.txt"), "--alignments"])
+    assert "alignments come from this package's model, not from a CTranslate2 one" in capsys.readouterr().err
+
+
+def test_attention_command_draws_a_png_and_prints_the_alignment(checkpoint, tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="plotting needs matplotlib: pip install 'hf-transformer[plot]'")
+    main(["attention", str(checkpoint), "a dog runs", "-o", str(tmp_path / "map.png")])
+    main(
+        ["attention", str(checkpoint), "a dog runs", "-o", str(tmp_path / "heads.png"), "--heads", "--kind", "decoder"]
+    )
+    out = capsys.readouterr().out
+    assert (tmp_path / "map.png").read_bytes()[:4] == (tmp_path / "heads.png").read_bytes()[:4] == b"\x89PNG"
+    assert "translation:" in out and "alignment:" in out
+    with pytest.raises(SystemExit):
+        main(["attention", str(checkpoint), "a dog", "--layer", "7"])
+    assert "--layer 7: the model has 2 layers" in capsys.readouterr().err
+
+
+def test_help_lists_the_commands_of_a_trained_model(capsys):
+    main(["--help"])
+    usage = capsys.readouterr().out
+    assert all(f"\n  {command} " in usage for command in ("translate", "attention", "serve"))
+    assert "predict" not in usage
+
+
+# --- the attention map of every validation -----------------------------------------------------------------------
+
+ATTENTION_RUN = """
+trainer:
+  callbacks:
+    - class_path: lightning_modules.attention_callback.AttentionMap
+  enable_progress_bar: false
+  enable_model_summary: false
+  num_sanity_val_steps: 1
+  limit_val_batches: 1
+  val_check_interval: 2
+model:
+  config: {d_model: 16, encoder_layers: 1, decoder_layers: 2, encoder_attention_heads: 2, decoder_attention_heads: 2,
+           encoder_ffn_dim: 32, decoder_ffn_dim: 32, max_position_embeddings: 64}
+  generation: {num_beams: 1}
+data: {bpe_vocab_size: 60, synthetic_train_size: 64, synthetic_eval_size: 4, max_tokens: 256}
+"""
+
+
+@pytest.mark.slow
+def test_every_validation_draws_the_attention_of_one_sentence_into_the_run_folder(run_dir):
+    pytest.importorskip("matplotlib", reason="plotting needs matplotlib: pip install 'hf-transformer[plot]'")
+    (run_dir / "attention.yaml").write_text(ATTENTION_RUN)
+    demo = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+    main(["fit", "--config", str(demo), "--config", "attention.yaml", "--trainer.max_steps=4"])
+    images = sorted(path.name for path in run_dir.glob("runs/demo/logs/version_*/attention/*.png"))
+    assert images == ["step000002.png", "step000004.png"]  # not the sanity check's
+
+
+def test_with_a_wandb_logger_the_map_is_a_wandb_image(tiny_tokenizer, monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib", reason="plotting needs matplotlib: pip install 'hf-transformer[plot]'")
+    pytest.importorskip("wandb", reason="pip install 'hf-transformer[wandb]'")
+    from types import SimpleNamespace
+
+    from lightning.pytorch.loggers import WandbLogger
+
+    from lightning_modules.attention_callback import AttentionMap
+
+    logged = []
+    monkeypatch.setattr(WandbLogger, "log_image", lambda self, key, images, step, **kwargs: logged.append((key, step)))
+    logger = WandbLogger(offline=True, save_dir=str(tmp_path))
+    trainer = SimpleNamespace(sanity_checking=False, is_global_zero=True, loggers=[logger], global_step=7)
+    module = SimpleNamespace(model=tiny_model(tiny_tokenizer), tokenizer=tiny_tokenizer)
+    module.model.generation_config.num_beams = 1
+    AttentionMap(sentence="a dog").on_validation_end(trainer, module)
+    assert logged == [("val/attention", 7)]
+    assert not list(tmp_path.rglob("*.png"))
