@@ -471,3 +471,25 @@ def test_progress_prints_one_line_per_step_when_batches_are_accumulated(capsys):
         trainer.global_step = step
         progress.on_train_batch_end(trainer, None, None, None, 0)
     assert [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines()] == ["step 0/4", "step 2/4"]
+
+
+def error_line(capsys, *argv: str) -> str:
+    """The one line that `hf-transformer` prints for a mistake, and exits 1 with."""
+    with pytest.raises(SystemExit) as stopped:
+        main(list(argv))
+    assert stopped.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(lines)
+    return lines[-1]
+
+
+def test_a_validation_split_too_small_for_limit_val_batches_is_one_line(run_dir, capsys):
+    """A fraction of a one-batch split is no batch: Lightning stopped with a 40-line traceback."""
+    message = error_line(
+        capsys, "fit", "--config", str(DEMO), "--config", "tiny.yaml", "--trainer.limit_val_batches=0.25"
+    )
+    assert message.endswith(
+        "validation split 'validation' makes 1 batch of up to 4096 tokens per device, and "
+        "trainer.limit_val_batches=0.25 keeps 25% of them: less than one. Set "
+        "trainer.limit_val_batches to 1.0 (the whole split) or to a number of batches (an int, e.g. 1)"
+    )
