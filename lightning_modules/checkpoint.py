@@ -152,10 +152,13 @@ def last_checkpoints(folder: str | Path, count: int) -> list[Path]:
         except ValueError as error:
             warnings.warn(f"Not averaging {error}", stacklevel=2)
     chosen = sorted(steps, key=steps.get)[-count:]
+    if not chosen:
+        raise CheckpointNotFound(f"{folder} holds no readable step checkpoints (step*.ckpt) to average")
     if len(chosen) < count:
-        raise ValueError(
-            f"Asked to average {count} checkpoints but {folder} holds {len(chosen)} readable ones: "
-            f"{[path.name for path in chosen]}."
+        raise CheckpointNotFound(
+            f"asked to average {count} checkpoints but {folder} holds {len(chosen)} (steps "
+            f"{', '.join(str(steps[path]) for path in chosen)}): average at most {len(chosen)} (--average "
+            f"{len(chosen)}), or keep more in the next run (save_top_k of the checkpoint callback)"
         )
     return chosen
 

@@ -493,3 +493,42 @@ def test_a_validation_split_too_small_for_limit_val_batches_is_one_line(run_dir,
         "trainer.limit_val_batches=0.25 keeps 25% of them: less than one. Set "
         "trainer.limit_val_batches to 1.0 (the whole split) or to a number of batches (an int, e.g. 1)"
     )
+
+
+def test_export_refuses_to_overwrite_a_folder_or_a_file_and_names_a_short_average(run_dir, capsys):
+    fit("--trainer.max_steps=3")
+    last = "runs/demo/checkpoints/last.ckpt"
+    (run_dir / "mine").mkdir()
+    (run_dir / "mine/README.md").write_text("my notes")
+    message = error_line(capsys, "export", last, "mine")
+    assert message.endswith(
+        "mine is not empty (README.md): export into a new or empty folder, or add --overwrite to replace its files"
+    )
+    assert (run_dir / "mine/README.md").read_text() == "my notes"
+    main(["export", last, "mine", "--overwrite"])
+    assert (run_dir / "mine/model.safetensors").exists()
+    (run_dir / "a-file").write_text("")
+    assert error_line(capsys, "export", last, "a-file").endswith(
+        "a-file is a file: give the path of a new or empty folder to export into"
+    )
+    message = error_line(capsys, "export", "runs/demo/checkpoints", "averaged", "--average", "10")
+    assert message.endswith(
+        "asked to average 10 checkpoints but runs/demo/checkpoints holds 1 (steps 3): average at "
+        "most 1 (--average 1), or keep more in the next run (save_top_k of the checkpoint callback)"
+    )
+
+
+def test_a_model_folder_with_a_bad_config_or_no_tokenizer_is_named_before_anything_is_written(run_dir, capsys):
+    fit("--trainer.max_steps=3")
+    main(["export", "runs/demo/checkpoints/last.ckpt", "exported"])
+    (run_dir / "exported/tokenizer.json").unlink()
+    message = error_line(capsys, "export", "exported", "marian", "--format", "marian")
+    assert "exported has no tokenizer.json: a model folder needs the tokenizer it was trained with" in message
+    assert not (run_dir / "marian").exists()
+
+    config = run_dir / "exported/config.json"
+    config.write_text(config.read_text().replace('"d_model": 32', '"d_model": "32"'))
+    expected = "exported/config.json: Field 'd_model' expected int, got str (value: '32'). Fix that field in the file"
+    assert expected in error_line(capsys, "export", "exported", "marian", "--format", "marian")
+    message = error_line(capsys, "fit", "--config", str(DEMO), "--config", "tiny.yaml", "--model.init_from=exported")
+    assert message.startswith(f"hf-transformer fit: error: {expected}")

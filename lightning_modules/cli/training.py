@@ -13,7 +13,8 @@ import datasets
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from hf_transformer import TransformerConfig
-from hf_transformer.errors import ConfigError
+from hf_transformer.errors import ConfigError, UserError
+from hf_transformer.export.folder import saved_config
 
 from ..checkpoint import read_checkpoint
 from ..data import TranslationDataModule
@@ -44,6 +45,11 @@ class TranslationArgumentParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # a tentative parse inside jsonargparse, which catches the error
             super().error(message, ex)
+        cause = ex
+        while cause is not None and not isinstance(cause, UserError):  # e.g. raised by a link's function
+            cause = cause.__cause__
+        if cause is not None:
+            raise cause  # its own message names the problem and the fix
         parser = getattr(ex, "subcommand_parser", None) or self
         valid_keys = list(parser.get_defaults().keys())
         # model.config is one dict-valued option: offer its fields too (--model.d_model -> --model.config.d_model).
@@ -59,7 +65,7 @@ class TranslationArgumentParser(LightningArgumentParser):
 def model_positions(preset: str, config: dict[str, Any] | None, init_from: str | None) -> int:
     """The number of positions of the model that `TranslationModule` builds from these settings."""
     if init_from is not None:
-        return TransformerConfig.from_pretrained(init_from).max_position_embeddings
+        return saved_config(init_from).max_position_embeddings
     if config and "max_position_embeddings" in config:
         return config["max_position_embeddings"]
     return TransformerConfig.from_preset(preset).max_position_embeddings
