@@ -29,5 +29,9 @@ class EarlierRunFound(UserError, FileExistsError):
     """A fresh run would write into a folder holding another run's checkpoints."""
 
 
+class FolderInUse(UserError):
+    """Another run is writing into the checkpoint folder that a run would write into."""
+
+
 class HubError(UserError):
     """A push to the Hugging Face Hub failed; the message never contains the token."""

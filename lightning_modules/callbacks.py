@@ -2,12 +2,15 @@
 checkpoints that resume only when asked, a W&B logger that falls back to offline runs, and progress written as plain
 lines."""
 
+import fcntl
 import importlib.util
 import netrc
 import os
+import socket
 import time
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import urlparse
 
 import lightning.pytorch as pl
@@ -16,8 +19,10 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import WandbLogger
 
-from hf_transformer.errors import ConfigError, EarlierRunFound
+from hf_transformer.errors import ConfigError, EarlierRunFound, FolderInUse
 from hf_transformer.integrity import non_finite_tensors
+
+from .checkpoint import RUN_ID
 
 
 class ExactResume(pl.Callback):
@@ -103,22 +108,74 @@ class TranslationThroughput(pl.Callback):
 
 
 class ResumableCheckpoint(ModelCheckpoint):
-    """`ModelCheckpoint` whose `last.ckpt` is the one state that `--ckpt_path last` resumes.
+    """`ModelCheckpoint` whose `last.ckpt` is the one state that `--ckpt_path last` resumes, in a folder that belongs
+    to one run.
 
-    - When training stops on an exception (SIGTERM, a crash), the state is saved as `last.ckpt` (no extra step
-      checkpoint, so the saved steps stay regular), unless no step was trained since the last save, the weights are not
-      finite, or the exception is a non-finite loss (a diverging state is no place to resume from).
+    - While `fit` runs, it holds a lock on its folder (`.lock`, an OS lock that ends with the process, kill -9
+      included): a second run started into the same folder stops at once instead of interleaving its checkpoints.
+    - Every checkpoint records the run it belongs to (`run_id`, kept across resumes), so that averaging refuses
+      checkpoints of different runs.
     - A fresh run (no `ckpt_path`) into a folder that holds checkpoints stops with a message instead of mixing two
       runs' files: README's commands name this pinned folder, so a new versioned folder would leave them pointing at
       the old run.
+    - A run folder that was moved or copied resumes as the same run: the checkpoint paths in its state are read in
+      the folder where it is now (Lightning forgets them, then writes `last-v1.ckpt` beside a `last.ckpt` that stays
+      at the old step).
+    - When training stops on an exception (SIGTERM, a crash), the state is saved as `last.ckpt` (no extra step
+      checkpoint, so the saved steps stay regular), unless no step was trained since the last save, the weights are not
+      finite, or the exception is a non-finite loss (a diverging state is no place to resume from).
 
     Lightning's `OnExceptionCheckpoint` is not used: with it, `fit` resumes by itself and its file wins over
     `last.ckpt` even when written at step 0 or from non-finite weights.
     """
 
+    LOCK_FILE = ".lock"
+
     def __init__(self, *args: Any, save_on_exception: bool = True, **kwargs: Any):
         super().__init__(*args, save_on_exception=save_on_exception, **kwargs)
         self._saved_step: int | None = None  # the step of the newest state on disk, once training has started
+        self._lock: TextIO | None = None
+        self.run_id: str | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage != "fit" or not self.dirpath:
+            return
+        holder = self._take_lock() if trainer.is_global_zero else None
+        holder = trainer.strategy.broadcast(holder)
+        if holder is not None:
+            raise FolderInUse(
+                f"{relative_to_cwd(Path(self.dirpath))} belongs to a run that is still training ({holder}). Wait for "
+                "it to end, or write this run elsewhere (dirpath of the checkpoint callback in your config)."
+            )
+        self.run_id = trainer.strategy.broadcast(uuid.uuid4().hex)  # replaced by the checkpoint's when resuming
+
+    def _take_lock(self) -> str | None:
+        """Lock the folder for this process; None, or the holder's description when another process holds it."""
+        path = Path(self.dirpath) / self.LOCK_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path, "a+")  # noqa: SIM115 (held until teardown)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "a process that wrote no description"
+            lock.close()
+            return holder
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"process {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        lock.flush()
+        self._lock = lock
+        return None
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the file releases the OS lock
+            self._lock = None
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._release_lock()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -135,18 +192,46 @@ class ResumableCheckpoint(ModelCheckpoint):
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         self._saved_step = checkpoint["global_step"]
+        checkpoint[RUN_ID] = self.run_id
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        self.run_id = checkpoint.get(RUN_ID, self.run_id)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved_in = state_dict.get("dirpath")
+        if self.dirpath and saved_in and saved_in != self.dirpath:  # the folder was moved or copied
+            state_dict = _moved_state(state_dict, self.dirpath)
+        super().load_state_dict(state_dict)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        if (
-            not self.save_on_exception
-            or self._saved_step in (None, trainer.global_step)
-            or isinstance(exception, FloatingPointError)
-            or non_finite_tensors(pl_module.named_parameters())
-        ):
-            return
-        path = self.format_checkpoint_name({"step": trainer.global_step}, self.CHECKPOINT_NAME_LAST)
-        trainer.save_checkpoint(path)
-        self.last_model_path = path
+        try:
+            if (
+                not self.save_on_exception
+                or self._saved_step in (None, trainer.global_step)
+                or isinstance(exception, FloatingPointError)
+                or non_finite_tensors(pl_module.named_parameters())
+            ):
+                return
+            path = self.format_checkpoint_name({"step": trainer.global_step}, self.CHECKPOINT_NAME_LAST)
+            trainer.save_checkpoint(path)
+            self.last_model_path = path
+        finally:
+            self._release_lock()
+
+
+def _moved_state(state_dict: dict[str, Any], dirpath: str) -> dict[str, Any]:
+    """`ModelCheckpoint`'s state with each checkpoint path moved into `dirpath`."""
+
+    def moved(path: str) -> str:
+        return os.path.join(dirpath, os.path.basename(path)) if path else path
+
+    state_dict = dict(state_dict, dirpath=dirpath)
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        if key in state_dict:
+            state_dict[key] = moved(state_dict[key])
+    if "best_k_models" in state_dict:
+        state_dict["best_k_models"] = {moved(path): score for path, score in state_dict["best_k_models"].items()}
+    return state_dict
 
 
 def wandb_credentials_found() -> bool:
@@ -264,7 +349,7 @@ class LineProgress(ProgressBar):
             lines += [f"  source:     {source}", f"  reference:  {reference}", f"  hypothesis: {hypothesis}"]
         checkpoint = trainer.checkpoint_callback
         if checkpoint is not None and checkpoint.dirpath:
-            folder = _relative(Path(checkpoint.dirpath))
+            folder = relative_to_cwd(Path(checkpoint.dirpath))
             last = folder / f"{checkpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"
             lines.append(f"Checkpoints: {folder}")
             datamodule = getattr(trainer, "datamodule", None)
@@ -280,7 +365,7 @@ def _step_of(trainer: pl.Trainer) -> str:
     return f"{trainer.global_step}/{trainer.max_steps}" if trainer.max_steps > 0 else str(trainer.global_step)
 
 
-def _relative(path: Path) -> Path:
+def relative_to_cwd(path: Path) -> Path:
     """`path` as the user wrote it in a config: relative to the working directory where it lies below it (Lightning
     makes checkpoint folders absolute)."""
     return path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path

@@ -22,6 +22,8 @@ from hf_transformer.export.marian import to_marian
 from hf_transformer.export.model_card import write_model_card
 
 MODEL_PREFIX = "model."
+# The checkpoint key of the run a checkpoint belongs to (written by `ResumableCheckpoint`, kept across resumes).
+RUN_ID = "run_id"
 
 
 # What torch.load raises on a file that is truncated, overwritten or no checkpoint at all.
@@ -123,11 +125,12 @@ def model_from_checkpoint(checkpoint: dict[str, Any]) -> TransformerForCondition
 
 
 def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
-    """The element-wise mean of the float weights of several checkpoints (computed in float64); everything else is
-    taken from the last one, and `averaged_steps` lists the global steps averaged."""
+    """The element-wise mean of the float weights of several checkpoints of one run (computed in float64); everything
+    else is taken from the last one, and `averaged_steps` lists the global steps averaged."""
     if not paths:
         raise ValueError("Checkpoint averaging needs at least one checkpoint.")
     checkpoints = [load_checkpoint(path) for path in paths]
+    check_one_run(paths, [checkpoint.get(RUN_ID) for checkpoint in checkpoints])
     averaged = dict(checkpoints[-1])
     averaged["averaged_steps"] = [checkpoint["global_step"] for checkpoint in checkpoints]
     averaged["state_dict"] = {}
@@ -138,6 +141,21 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
         else:
             averaged["state_dict"][name] = last
     return averaged
+
+
+def check_one_run(paths: list[str | Path], run_ids: list[str | None]) -> None:
+    """Refuse to average checkpoints of different runs (two runs written into one folder, files copied in): the mean
+    of unrelated weights is no model. Checkpoints written before run ids were recorded match any run."""
+    runs: dict[str, list[str]] = {}
+    for path, run_id in zip(paths, run_ids, strict=True):
+        if run_id is not None:
+            runs.setdefault(run_id, []).append(Path(path).name)
+    if len(runs) > 1:
+        groups = "; ".join(f"run {run_id[:8]}: {', '.join(names)}" for run_id, names in runs.items())
+        raise CheckpointError(
+            f"the checkpoints to average belong to {len(runs)} different runs ({groups}). Average checkpoints of one "
+            "run: move the other run's files out of the folder, or give fewer (--average N)"
+        )
 
 
 def last_checkpoints(folder: str | Path, count: int) -> list[Path]:

@@ -1,6 +1,7 @@
 """Training through the `hf-transformer` command: it learns, resumes exactly, fails clearly, and exports."""
 
 import csv
+import fcntl
 import importlib.metadata
 import math
 import os
@@ -532,3 +533,46 @@ def test_a_model_folder_with_a_bad_config_or_no_tokenizer_is_named_before_anythi
     assert expected in error_line(capsys, "export", "exported", "marian", "--format", "marian")
     message = error_line(capsys, "fit", "--config", str(DEMO), "--config", "tiny.yaml", "--model.init_from=exported")
     assert message.startswith(f"hf-transformer fit: error: {expected}")
+
+
+def test_a_moved_run_folder_resumes_as_the_same_run(run_dir, tmp_path_factory, monkeypatch):
+    """Moved (or copied) elsewhere, a run resumes into its own last.ckpt (Lightning wrote last-v1.ckpt and left
+    last.ckpt, which README tells to export, at the old step) and keeps its run id and its last 5 checkpoints."""
+    fit("--trainer.max_steps=9")
+    moved = tmp_path_factory.mktemp("moved")
+    (run_dir / "runs").rename(moved / "runs")
+    (run_dir / "tiny.yaml").rename(moved / "tiny.yaml")
+    monkeypatch.chdir(moved)
+    fit("--trainer.max_steps=18", "--ckpt_path=last")
+    folder = moved / "runs/demo/checkpoints"
+    assert checkpoint_steps(moved) == {f"step{step:06d}.ckpt": step for step in (6, 9, 12, 15, 18)} | {"last.ckpt": 18}
+    assert len({load_checkpoint(path)["run_id"] for path in folder.glob("*.ckpt")}) == 1
+
+
+def test_a_run_owns_its_folder_while_it_trains(run_dir, capsys):
+    """Two runs started at once into one folder interleaved their checkpoints; the second now stops, naming the
+    first. The lock is the OS's (flock), so it ends with its process, kill -9 included."""
+    folder = run_dir / "runs/demo/checkpoints"
+    folder.mkdir(parents=True)
+    with open(folder / ".lock", "a+") as lock:  # another process training into the folder
+        lock.write("process 4242 on trainer-7, started 2026-01-01 10:00:00\n")
+        lock.flush()
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        message = error_line(capsys, "fit", "--config", str(DEMO), "--config", "tiny.yaml", "--trainer.max_steps=3")
+    assert "runs/demo/checkpoints belongs to a run that is still training (process 4242 on trainer-7" in message
+    assert not list(folder.glob("*.ckpt"))
+    fit("--trainer.max_steps=3")  # once that process has ended
+    fit("--trainer.max_steps=6", "--ckpt_path=last")  # and the lock of a run ends with it
+    assert checkpoint_steps(run_dir)["last.ckpt"] == 6
+
+
+def test_averaging_refuses_checkpoints_of_different_runs(run_dir, capsys):
+    fit("--trainer.max_steps=6")
+    (run_dir / "runs").rename(run_dir / "first")
+    fit("--trainer.max_steps=6")
+    folder = run_dir / "runs/demo/checkpoints"
+    (run_dir / "first/demo/checkpoints/step000006.ckpt").rename(folder / "step000009.ckpt")  # as if written there
+    message = error_line(capsys, "export", str(folder), "averaged", "--average", "2")
+    assert "the checkpoints to average belong to 2 different runs" in message
+    assert "step000006.ckpt" in message and "step000009.ckpt" in message
+    assert not (run_dir / "averaged").exists()
