@@ -110,6 +110,47 @@ def tokenizer_state(tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
     return {"json": tokenizer.backend_tokenizer.to_str(), "special_tokens": dict(tokenizer.special_tokens_map)}
 
 
+# The TransformerConfig fields that decide the shapes of the weights.
+SHAPE_FIELDS = (
+    "vocab_size",
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+)
+
+
+def check_same_model(
+    checkpoint: dict[str, Any], config: TransformerConfig, tokenizer: PreTrainedTokenizerFast | None
+) -> None:
+    """Refuse a checkpoint of another model or tokenizer, naming what differs, before its weights are loaded (where
+    the mismatch would be a dump of tensor shapes, or with equal sizes a model reading other token ids)."""
+    saved = checkpoint.get("hf_config", {})
+    differences = [
+        f"{field} {saved[field]} in the checkpoint, {getattr(config, field)} here"
+        for field in SHAPE_FIELDS
+        if field in saved and saved[field] != getattr(config, field)
+    ]
+    other_tokens = (
+        not differences
+        and tokenizer is not None
+        and "tokenizer" in checkpoint
+        and tokenizer_from_checkpoint(checkpoint).get_vocab() != tokenizer.get_vocab()
+    )
+    if other_tokens:
+        differences.append("a tokenizer of the same size, but with other tokens or ids")
+    if differences:
+        raise CheckpointError(
+            f"the checkpoint (--ckpt_path) holds another model or tokenizer than this config builds: "
+            f"{'; '.join(differences)}. Use the config of the run that wrote it, with its data settings (the "
+            "tokenizer comes from data.tokenizer_dir or data.tokenizer), or export it (hf-transformer export) and "
+            "start from that folder with --model.init_from"
+        )
+
+
 def model_from_checkpoint(checkpoint: dict[str, Any]) -> TransformerForConditionalGeneration:
     model = TransformerForConditionalGeneration(TransformerConfig.from_dict(checkpoint["hf_config"]))
     state = {

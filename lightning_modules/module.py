@@ -22,7 +22,7 @@ from hf_transformer.loss import translation_loss
 from hf_transformer.translate import beam_search
 
 from .callbacks import ExactResume
-from .checkpoint import tokenizer_from_checkpoint, tokenizer_state
+from .checkpoint import check_same_model, tokenizer_from_checkpoint, tokenizer_state
 from .tokenization import model_vocabulary
 
 # Validation rows kept for the logger's sample table and the end-of-run summary.
@@ -318,3 +318,4 @@ class TranslationModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.tokenizer is None and "tokenizer" in checkpoint:
             self.tokenizer = tokenizer_from_checkpoint(checkpoint)
+        check_same_model(checkpoint, self.model.config, self.tokenizer)

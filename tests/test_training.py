@@ -80,9 +80,12 @@ def test_mfu_is_the_model_flops_per_second_over_the_device_peak(tiny_config, mon
 def test_demo_config_learns_the_synthetic_task(tmp_path, monkeypatch, capsys):
     """The demo as shipped (model size, data, schedule), cut to 400 steps: BLEU goes from ~0 to well above, and the
     run ends on a summary that shows what it learned and what to do next."""
+    from lightning_modules.cli.training import TranslationCLI
+
     monkeypatch.chdir(tmp_path)
     quick = ["--trainer.limit_val_batches=2", "--data.synthetic_eval_size=64"]
-    main(["validate", "--config", str(DEMO), *quick])
+    cli = TranslationCLI(args=["--config", str(DEMO), *quick], run=False)
+    cli.trainer.validate(cli.model, datamodule=cli.datamodule)  # the untrained model, which `validate` refuses
     untrained = val_bleu(tmp_path)[-1]
     capsys.readouterr()
     main(["fit", "--config", str(DEMO), *quick, "--trainer.max_steps=400", "--trainer.val_check_interval=400"])
@@ -576,3 +579,39 @@ def test_averaging_refuses_checkpoints_of_different_runs(run_dir, capsys):
     assert "the checkpoints to average belong to 2 different runs" in message
     assert "step000006.ckpt" in message and "step000009.ckpt" in message
     assert not (run_dir / "averaged").exists()
+
+
+@pytest.mark.parametrize("command", ["test", "validate"])
+def test_evaluating_needs_a_model(run_dir, capsys, command):
+    """Without --ckpt_path, `test` scored a freshly initialised model (BLEU 0.0) and exited 0."""
+    message = error_line(capsys, command, "--config", str(DEMO), "--config", "tiny.yaml")
+    assert f"no model to {command}: " in message and "--ckpt_path last" in message and "--model.init_from" in message
+    assert not (run_dir / "runs").exists()  # before any work
+
+
+def test_ckpt_path_last_resumes_or_says_there_is_nothing_to_resume(run_dir, capsys):
+    """Lightning warns ("Set save_last=True") and trains from step 0 when no last checkpoint exists."""
+    args = ["--config", str(DEMO), "--config", "tiny.yaml", "--trainer.max_steps=3"]
+    message = error_line(capsys, "fit", *args, "--ckpt_path=last")
+    assert message.endswith(
+        "--ckpt_path last: nothing to resume, runs/demo/checkpoints holds no last.ckpt. Start a new "
+        "run without --ckpt_path, or give the checkpoint callback the dirpath of the run to resume"
+    )
+    assert not list(run_dir.glob("runs/demo/checkpoints/*.ckpt"))
+    message = error_line(capsys, "test", *args, "--ckpt_path=last")
+    assert "runs/demo/checkpoints holds no last.ckpt, so there is no model to test" in message
+    message = error_line(capsys, "test", *args, "--ckpt_path=runs/demo/checkpoints/step000003.ckpt")
+    assert message.endswith(
+        "--ckpt_path runs/demo/checkpoints/step000003.ckpt: no such file. Pass a .ckpt file written by a run"
+    )
+
+
+def test_a_checkpoint_of_another_model_or_tokenizer_names_what_differs(run_dir, capsys):
+    fit("--trainer.max_steps=3")
+    ckpt = "--ckpt_path=runs/demo/checkpoints/last.ckpt"
+    other_data = ["--data.bpe_vocab_size=80", "--data.tokenizer_dir=runs/other/tokenizer"]
+    message = error_line(capsys, "test", "--config", str(DEMO), "--config", "tiny.yaml", *other_data, ckpt)
+    assert (
+        "the checkpoint (--ckpt_path) holds another model or tokenizer than this config builds: vocab_size 120 in "
+        "the checkpoint, 80 here. Use the config of the run that wrote it" in message
+    )

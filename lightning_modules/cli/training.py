@@ -19,6 +19,7 @@ from hf_transformer.export.folder import saved_config
 from ..checkpoint import read_checkpoint
 from ..data import TranslationDataModule
 from ..module import TranslationModule, check_resumable, check_training_settings, model_config
+from .checks import check_last_checkpoint, check_model_source
 
 
 def _is_not_an_advertisement(record: logging.LogRecord) -> bool:
@@ -104,10 +105,17 @@ class TranslationCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         # The data module is built first (the model takes the vocabulary from it) and trains a tokenizer: check the
         # training settings before that work.
-        model = (self.config[self.subcommand] if self.subcommand else self.config).model
-        check_training_settings(model)
-        if model.init_from is None:
-            model_config(model.preset, model.config, vocabulary={})
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        check_training_settings(config.model)
+        if config.model.init_from is None:
+            model_config(config.model.preset, config.model.config, vocabulary={})
+        if self.subcommand:
+            check_model_source(self.subcommand, config.ckpt_path, config.model.init_from)
+
+    def before_fit(self) -> None:
+        check_last_checkpoint(self.subcommand, self.config_init[self.subcommand].ckpt_path, self.trainer)
+
+    before_validate = before_test = before_predict = before_fit
 
     def after_test(self) -> None:
         """Write the test hypotheses, one per line in test-set order, next to the scores."""
