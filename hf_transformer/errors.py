@@ -33,5 +33,9 @@ class FolderInUse(UserError):
     """Another run is writing into the checkpoint folder that a run would write into."""
 
 
+class DiskFull(UserError, OSError):
+    """No space left on the disk that a file is written to."""
+
+
 class HubError(UserError):
     """A push to the Hugging Face Hub failed; the message never contains the token."""

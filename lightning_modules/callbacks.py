@@ -7,6 +7,7 @@ import importlib.util
 import netrc
 import os
 import socket
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -18,8 +19,9 @@ import torch
 from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from hf_transformer.errors import ConfigError, EarlierRunFound, FolderInUse
+from hf_transformer.errors import ConfigError, DiskFull, EarlierRunFound, FolderInUse
 from hf_transformer.integrity import non_finite_tensors
 
 from .checkpoint import RUN_ID
@@ -107,6 +109,10 @@ class TranslationThroughput(pl.Callback):
         self._reset()
 
 
+# How the user knows the exceptions that stop a run from outside.
+INTERRUPTIONS = {KeyboardInterrupt: "Ctrl-C", SIGTERMException: "SIGTERM"}
+
+
 class ResumableCheckpoint(ModelCheckpoint):
     """`ModelCheckpoint` whose `last.ckpt` is the one state that `--ckpt_path last` resumes, in a folder that belongs
     to one run.
@@ -121,9 +127,10 @@ class ResumableCheckpoint(ModelCheckpoint):
     - A run folder that was moved or copied resumes as the same run: the checkpoint paths in its state are read in
       the folder where it is now (Lightning forgets them, then writes `last-v1.ckpt` beside a `last.ckpt` that stays
       at the old step).
-    - When training stops on an exception (SIGTERM, a crash), the state is saved as `last.ckpt` (no extra step
-      checkpoint, so the saved steps stay regular), unless no step was trained since the last save, the weights are not
-      finite, or the exception is a non-finite loss (a diverging state is no place to resume from).
+    - When training stops on an exception (SIGTERM, Ctrl-C, a crash), the state is saved as `last.ckpt` (no extra step
+      checkpoint, so the saved steps stay regular) unless it is there already, the weights are not finite, the
+      exception is a non-finite loss (a diverging state is no place to resume from) or the disk is full; then the way
+      to resume is printed.
 
     Lightning's `OnExceptionCheckpoint` is not used: with it, `fit` resumes by itself and its file wins over
     `last.ckpt` even when written at step 0 or from non-finite weights.
@@ -207,14 +214,24 @@ class ResumableCheckpoint(ModelCheckpoint):
         try:
             if (
                 not self.save_on_exception
-                or self._saved_step in (None, trainer.global_step)
-                or isinstance(exception, FloatingPointError)
-                or non_finite_tensors(pl_module.named_parameters())
+                or self._saved_step is None
+                or isinstance(exception, FloatingPointError | DiskFull)
             ):
                 return
-            path = self.format_checkpoint_name({"step": trainer.global_step}, self.CHECKPOINT_NAME_LAST)
-            trainer.save_checkpoint(path)
-            self.last_model_path = path
+            if self._saved_step != trainer.global_step:
+                if non_finite_tensors(pl_module.named_parameters()):
+                    return
+                path = self.format_checkpoint_name({"step": trainer.global_step}, self.CHECKPOINT_NAME_LAST)
+                trainer.save_checkpoint(path, weights_only=False)
+                self.last_model_path = path
+            if trainer.is_global_zero and self.last_model_path:
+                cause = INTERRUPTIONS.get(type(exception), type(exception).__name__)
+                print(
+                    f"Stopped at step {trainer.global_step} ({cause}); its state is saved in "
+                    f"{relative_to_cwd(Path(self.last_model_path))}. Resume: the same command with --ckpt_path last",
+                    file=sys.stderr,
+                    flush=True,
+                )
         finally:
             self._release_lock()
 

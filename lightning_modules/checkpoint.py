@@ -2,8 +2,10 @@
 and tokenizer that travel inside a checkpoint, averaging the last checkpoints (section 6.1 averages the last 5), and
 exporting."""
 
+import errno
 import os
 import pickle
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline
-from hf_transformer.errors import CheckpointError, CheckpointNotFound
+from hf_transformer.errors import CheckpointError, CheckpointNotFound, DiskFull
 from hf_transformer.export.folder import make_shareable
 from hf_transformer.export.marian import to_marian
 from hf_transformer.export.model_card import write_model_card
@@ -59,6 +61,15 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)  # atomic within one filesystem, which a file beside the target guarantees
+    except (OSError, RuntimeError) as error:
+        if _is_disk_full(error):
+            raise DiskFull(
+                f"no space left on the disk of {path.parent} while writing {path.name} "
+                f"({shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB free there); the checkpoints written before "
+                "are intact. Free space there, or write checkpoints to another disk (dirpath of the checkpoint "
+                "callback), then resume with --ckpt_path last"
+            ) from error
+        raise
     finally:
         temporary.unlink(missing_ok=True)
     folder = os.open(path.parent, os.O_RDONLY)
@@ -66,6 +77,16 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
         os.fsync(folder)  # the rename itself survives a power cut once the folder's entry is on disk
     finally:
         os.close(folder)
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    """True when `error`, or one it arose from, is the OS saying the disk or the user's quota is full (torch reports
+    it as a RuntimeError of its zip writer, with the OSError only in the chain)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -252,35 +252,43 @@ def test_the_data_keeps_and_cuts_pairs_to_the_model_positions(run_dir):
     assert max(batch["labels"].shape[1] for batch in cli.datamodule.val_dataloader()) <= 9
 
 
-def test_sigterm_saves_a_checkpoint_that_resumes(run_dir):
-    """Pre-emption: SIGTERM mid-training leaves a checkpoint that `--ckpt_path last` picks up."""
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "lightning_modules.cli",
-            "fit",
-            "--config",
-            str(DEMO),
-            "--config",
-            "tiny.yaml",
-            "--trainer.max_steps=100000",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not (run_dir / "runs/demo/checkpoints/last.ckpt").exists():
-            assert time.monotonic() < deadline and process.poll() is None, "training did not start"
-            time.sleep(0.5)
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=120)
-    finally:
-        process.kill()
+@pytest.mark.parametrize(("stop", "name"), [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")])
+def test_sigterm_saves_a_checkpoint_that_resumes(run_dir, stop, name):
+    """Pre-emption (SIGTERM) or Ctrl-C mid-training leaves a checkpoint that `--ckpt_path last` picks up, and the run
+    ends saying so (it ended on Lightning's stray "`weights_only` was not set" line)."""
+    with open(run_dir / "output.txt", "w") as output:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lightning_modules.cli",
+                "fit",
+                "--config",
+                str(DEMO),
+                "--config",
+                "tiny.yaml",
+                "--trainer.max_steps=100000",
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while not (run_dir / "runs/demo/checkpoints/last.ckpt").exists():
+                assert time.monotonic() < deadline and process.poll() is None, "training did not start"
+                time.sleep(0.5)
+            process.send_signal(stop)
+            process.wait(timeout=120)
+        finally:
+            process.kill()
     saved = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")["global_step"]
     assert saved >= 3
+    last_lines = (run_dir / "output.txt").read_text().strip().splitlines()[-2:]
+    assert "weights_only" not in "\n".join(last_lines)
+    assert last_lines[-1] == (
+        f"Stopped at step {saved} ({name}); its state is saved in runs/demo/checkpoints/last.ckpt. Resume: "
+        "the same command with --ckpt_path last"
+    )
     target = (saved // 3 + 1) * 3  # the next step at which tiny.yaml writes a checkpoint
     fit(f"--trainer.max_steps={target}", "--ckpt_path=last")
     assert load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")["global_step"] == target
@@ -615,3 +623,16 @@ def test_a_checkpoint_of_another_model_or_tokenizer_names_what_differs(run_dir, 
         "the checkpoint (--ckpt_path) holds another model or tokenizer than this config builds: vocab_size 120 in "
         "the checkpoint, 80 here. Use the config of the run that wrote it" in message
     )
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a device that is always full")
+def test_a_full_disk_stops_the_run_with_one_line(run_dir, capsys):
+    """torch reported ENOSPC as `RuntimeError: [enforce fail at inline_container.cc:672]`, the cause mid-trace."""
+    folder = run_dir / "runs/demo/checkpoints"
+    folder.mkdir(parents=True)
+    # What save_atomically writes step 3 into first (this process's pid): a disk with no space left.
+    (folder / f".step000003.ckpt.{os.getpid()}.tmp").symlink_to("/dev/full")
+    message = error_line(capsys, "fit", "--config", str(DEMO), "--config", "tiny.yaml", "--trainer.max_steps=6")
+    assert message.startswith("hf-transformer fit: error: no space left on the disk of ")
+    assert "runs/demo/checkpoints while writing step000003.ckpt" in message and "--ckpt_path last" in message
+    assert not list(folder.glob("*.ckpt"))
