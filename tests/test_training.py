@@ -636,3 +636,19 @@ def test_a_full_disk_stops_the_run_with_one_line(run_dir, capsys):
     assert message.startswith("hf-transformer fit: error: no space left on the disk of ")
     assert "runs/demo/checkpoints while writing step000003.ckpt" in message and "--ckpt_path last" in message
     assert not list(folder.glob("*.ckpt"))
+
+
+def test_a_yaml_mistake_names_its_file_and_line(run_dir, capsys):
+    (run_dir / "mine.yaml").write_text("trainer:\n  max_steps: [3\n")
+    message = error_line(capsys, "fit", "--config", str(DEMO), "--config", "mine.yaml")
+    assert message.startswith("hf-transformer fit: error: mine.yaml, line 3, column 1: expected ',' or ']'")
+    assert "(while parsing a flow sequence, line 2, column 14); fix the YAML syntax there" in message
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the configs run on this machine's GPUs")
+@pytest.mark.parametrize(("config", "expected"), [("fsdp", "asks for FSDP, which shards"), ("ddp", "sets trainer")])
+def test_gpu_configs_on_a_machine_without_gpus_say_what_to_use_instead(run_dir, capsys, config, expected):
+    path = DEMO.parent / "trainer" / f"{config}.yaml"
+    message = error_line(capsys, "fit", "--config", str(DEMO), "--config", "tiny.yaml", "--config", str(path))
+    assert f"{path} {expected}" in message and "--trainer.accelerator cpu" in message
+    assert not (run_dir / "runs").exists()  # before the tokenizer and the model are built

@@ -1,18 +1,75 @@
-"""Checks of a training command line that LightningCLI would otherwise let pass and do the wrong thing (evaluate a
-freshly initialised model, train from step 0 when asked to resume). Each raises a `UserError` that names the option
-and the fix."""
+"""Checks of a training command line that LightningCLI would otherwise leave to a traceback, or let pass and do the
+wrong thing (evaluate a freshly initialised model, train from step 0 when asked to resume). Each raises a `UserError`
+that names the file or option and the fix."""
 
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
+import yaml
+from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
 
-from hf_transformer.errors import CheckpointNotFound
+from hf_transformer.errors import CheckpointNotFound, ConfigError
 
 from ..callbacks import relative_to_cwd
 
 # `ckpt_path` values that Lightning resolves itself rather than reading a file of that name.
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
 EVALUATION_COMMANDS = ("validate", "test", "predict")
+
+
+def check_config_files(args: list[str]) -> None:
+    """Name the --config file that is not valid YAML, and where (jsonargparse's message names no file)."""
+    for option, value in zip(args, args[1:], strict=False):
+        path = Path(value) if option == "--config" else None
+        if option.startswith("--config="):
+            path = Path(option.removeprefix("--config="))
+        if path is None or not path.is_file():
+            continue
+        try:
+            yaml.safe_load(path.read_text())
+        except yaml.MarkedYAMLError as error:
+            where = f"{path}{_at(error.problem_mark)}: {error.problem}"
+            if error.context:
+                where += f" ({error.context}{_at(error.context_mark)})"
+            raise ConfigError(f"{where}; fix the YAML syntax there") from error
+
+
+def _at(mark: yaml.Mark | None) -> str:
+    return f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+
+
+def check_devices(trainer: Any, config_files: list[Any]) -> None:
+    """Refuse GPU settings on a machine without a GPU before the data and the model are built (Lightning stops only
+    when it builds the trainer, with a traceback)."""
+    accelerator = str(trainer.accelerator)
+    fsdp = "fsdp" in str(trainer.strategy).lower()
+    cuda = CUDAAccelerator.is_available()
+    if fsdp and not cuda:
+        raise ConfigError(
+            f"{_origin(config_files, 'strategy')} asks for FSDP, which shards a model across CUDA GPUs, but torch "
+            "finds none on this machine. Train on the CPU without that config (one process), or with DDP across CPU "
+            "processes: --trainer.accelerator cpu --trainer.strategy ddp --trainer.devices 2"
+        )
+    if accelerator in ("gpu", "cuda") and not (cuda or (accelerator == "gpu" and MPSAccelerator.is_available())):
+        raise ConfigError(
+            f"{_origin(config_files, 'accelerator')} sets trainer.accelerator: {accelerator}, but torch finds no GPU "
+            "on this machine. Leave that config out, or set --trainer.accelerator cpu (DDP also runs on CPU "
+            "processes: --trainer.devices 2)"
+        )
+
+
+def _origin(config_files: list[Any], key: str) -> str:
+    """The last config file that sets trainer.`key`, or the command line."""
+    origin = "the command line"
+    for path in config_files:
+        try:
+            settings = yaml.safe_load(Path(str(path)).read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(settings, dict) and key in (settings.get("trainer") or {}):
+            origin = str(path)
+    return origin
 
 
 def check_model_source(subcommand: str, ckpt_path: str | None, init_from: str | None) -> None:

@@ -19,7 +19,7 @@ from hf_transformer.export.folder import saved_config
 from ..checkpoint import read_checkpoint
 from ..data import TranslationDataModule
 from ..module import TranslationModule, check_resumable, check_training_settings, model_config
-from .checks import check_last_checkpoint, check_model_source
+from .checks import check_config_files, check_devices, check_last_checkpoint, check_model_source
 
 
 def _is_not_an_advertisement(record: logging.LogRecord) -> bool:
@@ -96,6 +96,8 @@ class TranslationCLI(LightningCLI):
             )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        if args is None or isinstance(args, list):
+            check_config_files(sys.argv[1:] if args is None else args)
         super().parse_arguments(parser, args)
         # LightningCLI reads the hyperparameters of a --ckpt_path file next, and names no file when it cannot.
         ckpt_path = self.config.get(f"{self.config.get('subcommand')}.ckpt_path")
@@ -109,6 +111,7 @@ class TranslationCLI(LightningCLI):
         check_training_settings(config.model)
         if config.model.init_from is None:
             model_config(config.model.preset, config.model.config, vocabulary={})
+        check_devices(config.trainer, config.config or [])
         if self.subcommand:
             check_model_source(self.subcommand, config.ckpt_path, config.model.init_from)
 
