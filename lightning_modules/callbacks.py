@@ -300,18 +300,23 @@ class AutoWandbLogger(WandbLogger):
 
 
 class LineProgress(ProgressBar):
-    """Progress as plain lines, which read the same in a terminal and in a log file: one every `every_n_steps`
-    training steps (loss, learning rate, target tokens/s), one per validation (loss, BLEU, chrF), and at the end of
-    `fit` a summary: steps, time, BLEU, sample translations, where the checkpoints and the tokenizer are, and the
-    command that exports the model."""
+    """Progress as plain lines, which read the same in a terminal and in a log file: one when the check of validation
+    before training starts (decoding takes a while with untrained weights), one after the first training step, then
+    one every `every_n_steps` steps or `every_n_seconds` seconds, whichever comes first (loss, learning rate, target
+    tokens/s), one per validation (loss, BLEU, chrF), and at the end of `fit` a summary: steps, time, BLEU, distinct
+    sample translations, where the checkpoints and the tokenizer are, and the command that exports the model. A
+    resumed run that has nothing left to train says so."""
 
-    def __init__(self, every_n_steps: int = 100, num_samples: int = 3) -> None:
+    def __init__(self, every_n_steps: int = 100, num_samples: int = 3, every_n_seconds: float = 60.0) -> None:
         super().__init__()
         self.every_n_steps = every_n_steps
+        self.every_n_seconds = every_n_seconds
         self.num_samples = num_samples
         self._enabled = True
-        self._started = time.monotonic()
+        self._started = self._printed_at = time.monotonic()
         self._printed_step: int | None = None
+        self._start_step = 0
+        self._resumed_step: int | None = None
 
     def disable(self) -> None:
         self._enabled = False
@@ -322,20 +327,35 @@ class LineProgress(ProgressBar):
     def _print(self, trainer: pl.Trainer, line: str) -> None:
         if self._enabled and trainer.is_global_zero:
             print(line, flush=True)
+            self._printed_at = time.monotonic()
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        self._resumed_step = checkpoint["global_step"]  # before `on_fit_start`, which sees the step only later
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._started = time.monotonic()
-        self._print(trainer, f"Training from step {_step_of(trainer)} ({_count(pl_module)} parameters)")
+        self._start_step = self._resumed_step or 0
+        verb = "Training" if self._resumed_step is None else "Resuming"
+        self._print(trainer, f"{verb} from step {_step_of(trainer, self._start_step)} ({_count(pl_module)} parameters)")
+
+    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._print(
+            trainer,
+            f"Checking validation on up to {trainer.num_sanity_val_steps} batches before training "
+            "(trainer.num_sanity_val_steps)",
+        )
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        if step % self.every_n_steps or step == self._printed_step:  # accumulated batches share a step
+        due = step % self.every_n_steps == 0 or step == self._start_step + 1
+        due |= time.monotonic() - self._printed_at >= self.every_n_seconds
+        if not due or step in (self._start_step, self._printed_step):  # accumulated batches share a step
             return
         self._printed_step = step
         metrics = trainer.callback_metrics
-        fields = [f"step {_step_of(trainer)}"]
+        fields = [f"step {_step_of(trainer, step)}"]
         fields.append(_elapsed(time.monotonic() - self._started))
         if "train/loss" in metrics:
             fields.append(f"loss {float(metrics['train/loss']):.3f}")
@@ -355,15 +375,18 @@ class LineProgress(ProgressBar):
         self._print(trainer, f"test: {_scores(trainer.callback_metrics, 'test')}")
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        resumed, self._resumed_step = self._resumed_step, None
         if not trainer.is_global_zero:
             return
-        lines = [
-            "",
-            f"Trained {trainer.global_step} steps in {_elapsed(time.monotonic() - self._started)}; "
-            f"validation: {_scores(trainer.callback_metrics, 'val')}",
-        ]
-        for source, reference, hypothesis in pl_module.val_samples[: self.num_samples]:
-            lines += [f"  source:     {source}", f"  reference:  {reference}", f"  hypothesis: {hypothesis}"]
+        step, elapsed = trainer.global_step, _elapsed(time.monotonic() - self._started)
+        if resumed == step:
+            lines = ["", f"Nothing to train: {_finished(trainer, step)}"]
+        else:
+            trained = f"Trained {step} steps" if resumed is None else f"Trained from step {resumed} to {step}"
+            scores = _scores(trainer.callback_metrics, "val")
+            lines = ["", f"{trained} in {elapsed}" + (f"; validation: {scores}" if scores else "")]
+            for source, reference, hypothesis in telling_samples(pl_module.val_samples, self.num_samples):
+                lines += [f"  source:     {source}", f"  reference:  {reference}", f"  hypothesis: {hypothesis}"]
         checkpoint = trainer.checkpoint_callback
         if checkpoint is not None and checkpoint.dirpath:
             folder = relative_to_cwd(Path(checkpoint.dirpath))
@@ -378,8 +401,27 @@ class LineProgress(ProgressBar):
         print("\n".join(lines), flush=True)
 
 
-def _step_of(trainer: pl.Trainer) -> str:
-    return f"{trainer.global_step}/{trainer.max_steps}" if trainer.max_steps > 0 else str(trainer.global_step)
+def telling_samples(rows: list[list[str]], count: int) -> list[list[str]]:
+    """`count` [source, reference, hypothesis] rows with distinct sources, spread over the sources' lengths (of three:
+    a short, a middle and a long one). The first rows of a validation are its shortest, often one source repeated."""
+    distinct = sorted({row[0]: row for row in rows}.values(), key=lambda row: len(row[0]))
+    if len(distinct) <= count:
+        return distinct
+    return [distinct[int((i + 0.5) * len(distinct) / count)] for i in range(count)]
+
+
+def _finished(trainer: pl.Trainer, step: int) -> str:
+    """Why a resumed run trained no step, and how to train it further."""
+    if 0 < trainer.max_steps <= step:
+        return (
+            f"the run is at step {step}, its trainer.max_steps. To train it further, resume with a higher "
+            "--trainer.max_steps"
+        )
+    return "the run has reached its trainer.max_time or max_epochs. To train it further, resume with a higher one"
+
+
+def _step_of(trainer: pl.Trainer, step: int) -> str:
+    return f"{step}/{trainer.max_steps}" if trainer.max_steps > 0 else str(step)
 
 
 def relative_to_cwd(path: Path) -> Path:

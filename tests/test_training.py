@@ -92,9 +92,12 @@ def test_demo_config_learns_the_synthetic_task(tmp_path, monkeypatch, capsys):
     trained = val_bleu(tmp_path)[-1]
     assert untrained < 5 and trained > 25, (untrained, trained)
     printed = capsys.readouterr().out
-    assert "step 100/400 | " in printed and "validation at step 400: loss " in printed
+    assert "Total FLOPs" not in printed and "Checking validation on up to 2 batches before training" in printed
+    assert "step 1/400 | " in printed and "step 100/400 | " in printed and "validation at step 400: loss " in printed
     summary = printed.split("Trained 400 steps in ", 1)[1]
     assert f"BLEU {trained:.1f}" in summary and summary.count("hypothesis: ") == 3
+    sources = [line.split("source: ", 1)[1].strip() for line in summary.splitlines() if "source: " in line]
+    assert len(set(sources)) == 3 and max(map(len, sources)) >= 4, sources  # distinct, not only one-digit numbers
     assert "Tokenizer:   runs/demo/tokenizer" in summary
     assert "Export it:   hf-transformer export runs/demo/checkpoints/last.ckpt exports/<name>" in summary
 
@@ -474,15 +477,30 @@ def test_fp16_mixed_with_grad_scaler_trains_on_gpu(run_dir):
     assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values() if t.is_floating_point())
 
 
-def test_progress_prints_one_line_per_step_when_batches_are_accumulated(capsys):
-    from lightning_modules.callbacks import LineProgress
+def test_progress_prints_the_first_step_then_every_n_steps_once_per_step(capsys, monkeypatch):
+    """A line after the first step (the demo was silent for its first 100 steps), then every `every_n_steps` steps or
+    `every_n_seconds` seconds, once per step when batches are accumulated."""
+    from lightning_modules import callbacks
 
-    progress = LineProgress(every_n_steps=2)
-    trainer = SimpleNamespace(global_step=0, max_steps=4, callback_metrics={}, optimizers=[], is_global_zero=True)
-    for step in (0, 0, 1, 1, 2, 2):  # two batches per optimizer step
-        trainer.global_step = step
-        progress.on_train_batch_end(trainer, None, None, None, 0)
-    assert [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines()] == ["step 0/4", "step 2/4"]
+    def printed_steps(progress: callbacks.LineProgress, steps: list[int]) -> list[str]:
+        trainer = SimpleNamespace(global_step=0, max_steps=9, callback_metrics={}, optimizers=[], is_global_zero=True)
+        for step in steps:
+            trainer.global_step = step
+            progress.on_train_batch_end(trainer, None, None, None, 0)
+        return [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines()]
+
+    two_batches_per_step = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert printed_steps(callbacks.LineProgress(every_n_steps=2), two_batches_per_step) == [
+        "step 1/9",
+        "step 2/9",
+        "step 4/9",
+    ]
+    clock = iter(range(0, 1000, 25))  # 25 s per call of time.monotonic
+    monkeypatch.setattr(callbacks.time, "monotonic", lambda: next(clock))
+    assert printed_steps(callbacks.LineProgress(every_n_steps=100, every_n_seconds=60), list(range(1, 7))) == [
+        "step 1/9",
+        "step 4/9",
+    ]
 
 
 def error_line(capsys, *argv: str) -> str:
@@ -652,3 +670,35 @@ def test_gpu_configs_on_a_machine_without_gpus_say_what_to_use_instead(run_dir, 
     message = error_line(capsys, "fit", "--config", str(DEMO), "--config", "tiny.yaml", "--config", str(path))
     assert f"{path} {expected}" in message and "--trainer.accelerator cpu" in message
     assert not (run_dir / "runs").exists()  # before the tokenizer and the model are built
+
+
+def test_resuming_a_finished_run_says_there_is_nothing_to_train(run_dir, capsys):
+    progress = ["--trainer.enable_progress_bar=true", "--trainer.callbacks+=lightning_modules.callbacks.LineProgress"]
+    fit("--trainer.max_steps=3", *progress)
+    printed = capsys.readouterr().out
+    assert "Training from step 0/3 (" in printed and "step 1/3 | " in printed and "Trained 3 steps in " in printed
+    assert "Total FLOPs" not in printed  # Lightning's summary table is left out: it counted 0 FLOPs
+
+    fit("--trainer.max_steps=3", *progress, "--ckpt_path=last")
+    printed = capsys.readouterr().out
+    assert "Resuming from step 3/3 (" in printed
+    assert (
+        "Nothing to train: the run is at step 3, its trainer.max_steps. To train it further, resume with a "
+        "higher --trainer.max_steps" in printed
+    )
+    assert "Trained" not in printed and "validation: \n" not in printed
+    assert "Export it:   hf-transformer export runs/demo/checkpoints/last.ckpt exports/<name>" in printed
+
+    fit("--trainer.max_steps=6", *progress, "--ckpt_path=last")
+    printed = capsys.readouterr().out
+    assert (
+        "Resuming from step 3/6 (" in printed and "step 4/6 | " in printed and "Trained from step 3 to 6 in " in printed
+    )
+
+
+def test_summary_samples_are_distinct_and_spread_over_lengths():
+    from lightning_modules.callbacks import telling_samples
+
+    rows = [[source, "", ""] for source in ["6", "6", "3", "6", "17", "482", "4821", "300000", "17", "99"]]
+    assert [row[0] for row in telling_samples(rows, 3)] == ["3", "99", "4821"]
+    assert [row[0] for row in telling_samples(rows[:3], 3)] == ["6", "3"]

@@ -81,7 +81,9 @@ class TranslationCLI(LightningCLI):
             args=args,
             parser_class=TranslationArgumentParser,
             parser_kwargs={"prog": "hf-transformer"},
-            trainer_defaults={"use_distributed_sampler": False},  # the data module shards its token-budget batches
+            # The data module shards its token-budget batches; LineProgress prints the parameter count (Lightning's
+            # summary table would print FLOPs of 0).
+            trainer_defaults={"use_distributed_sampler": False, "enable_model_summary": False},
             save_config_kwargs={"overwrite": True},
             **kwargs,
         )
