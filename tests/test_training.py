@@ -658,9 +658,10 @@ def test_a_full_disk_stops_the_run_with_one_line(run_dir, capsys):
 
 def test_a_yaml_mistake_names_its_file_and_line(run_dir, capsys):
     (run_dir / "mine.yaml").write_text("trainer:\n  max_steps: [3\n")
-    message = error_line(capsys, "fit", "--config", str(DEMO), "--config", "mine.yaml")
-    assert message.startswith("hf-transformer fit: error: mine.yaml, line 3, column 1: expected ',' or ']'")
-    assert "(while parsing a flow sequence, line 2, column 14); fix the YAML syntax there" in message
+    for option in (["--config", "mine.yaml"], ["--config=mine.yaml"]):
+        message = error_line(capsys, "fit", "--config", str(DEMO), *option)
+        assert message.startswith("hf-transformer fit: error: mine.yaml, line 3, column 1: expected ',' or ']'")
+        assert "(while parsing a flow sequence, line 2, column 14); fix the YAML syntax there" in message
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the configs run on this machine's GPUs")

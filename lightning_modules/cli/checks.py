@@ -20,11 +20,11 @@ EVALUATION_COMMANDS = ("validate", "test", "predict")
 
 def check_config_files(args: list[str]) -> None:
     """Name the --config file that is not valid YAML, and where (jsonargparse's message names no file)."""
-    for option, value in zip(args, args[1:], strict=False):
-        path = Path(value) if option == "--config" else None
+    for option, value in zip(args, [*args[1:], ""], strict=True):
         if option.startswith("--config="):
-            path = Path(option.removeprefix("--config="))
-        if path is None or not path.is_file():
+            option, value = "--config", option.removeprefix("--config=")
+        path = Path(value)
+        if option != "--config" or not path.is_file():
             continue
         try:
             yaml.safe_load(path.read_text())
