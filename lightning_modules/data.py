@@ -133,7 +133,9 @@ class TranslationDataModule(pl.LightningDataModule):
             check_trained_on(hp.tokenizer_dir, self._tokenizer_recipe())
             rank_zero_info(f"Loading the tokenizer saved in {hp.tokenizer_dir}, trained earlier on the same data")
             return load_tokenizer(hp.tokenizer_dir)
-        rank_zero_info(f"Training a {hp.bpe_vocab_size}-token BPE tokenizer on split {hp.train_split!r}")
+        rank_zero_info(
+            f"Training a {hp.bpe_vocab_size}-token BPE tokenizer on split {hp.train_split!r} of {hp.dataset}"
+        )
         rows = self._raw_split(hp.train_split).iter(batch_size=1000)
         sentences = (batch[side] for batch in rows for side in ("source_text", "target_text"))
         tokenizer = train_bpe_tokenizer(sentences, hp.bpe_vocab_size, hp.bpe_min_frequency)
