@@ -29,6 +29,14 @@ class EarlierRunFound(UserError, FileExistsError):
     """A fresh run would write into a folder holding another run's checkpoints."""
 
 
+class FolderInUse(UserError):
+    """Another run is writing into the checkpoint folder that a run would write into."""
+
+
+class DiskFull(UserError, OSError):
+    """No space left on the disk that a file is written to."""
+
+
 class HubError(UserError):
     """A push to the Hugging Face Hub failed; the message never contains the token."""
 

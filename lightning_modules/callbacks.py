@@ -2,12 +2,16 @@
 checkpoints that resume only when asked, a W&B logger that falls back to offline runs, and progress written as plain
 lines."""
 
+import fcntl
 import importlib.util
 import netrc
 import os
+import socket
+import sys
 import time
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import urlparse
 
 import lightning.pytorch as pl
@@ -15,10 +19,13 @@ import torch
 from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from hf_transformer.errors import ConfigError, EarlierRunFound
+from hf_transformer.errors import ConfigError, DiskFull, EarlierRunFound, FolderInUse
 from hf_transformer.integrity import non_finite_tensors
 from hf_transformer.loss import IGNORE_INDEX
+
+from .checkpoint import RUN_ID
 
 
 class ExactResume(pl.Callback):
@@ -103,23 +110,81 @@ class TranslationThroughput(pl.Callback):
         self._reset()
 
 
-class ResumableCheckpoint(ModelCheckpoint):
-    """`ModelCheckpoint` whose `last.ckpt` is the one state that `--ckpt_path last` resumes.
+# How the user knows the exceptions that stop a run from outside.
+INTERRUPTIONS = {KeyboardInterrupt: "Ctrl-C", SIGTERMException: "SIGTERM"}
 
-    - When training stops on an exception (SIGTERM, a crash), the state is saved as `last.ckpt` (no extra step
-      checkpoint, so the saved steps stay regular), unless no step was trained since the last save, the weights are not
-      finite, or the exception is a non-finite loss (a diverging state is no place to resume from).
+
+class ResumableCheckpoint(ModelCheckpoint):
+    """`ModelCheckpoint` whose `last.ckpt` is the one state that `--ckpt_path last` resumes, in a folder that belongs
+    to one run.
+
+    - While `fit` runs, it holds a lock on its folder (`.lock`, an OS lock that ends with the process, kill -9
+      included): a second run started into the same folder stops at once instead of interleaving its checkpoints.
+    - Every checkpoint records the run it belongs to (`run_id`, kept across resumes), so that averaging refuses
+      checkpoints of different runs.
     - A fresh run (no `ckpt_path`) into a folder that holds checkpoints stops with a message instead of mixing two
       runs' files: README's commands name this pinned folder, so a new versioned folder would leave them pointing at
       the old run.
+    - A run folder that was moved or copied resumes as the same run: the checkpoint paths in its state are read in
+      the folder where it is now (Lightning forgets them, then writes `last-v1.ckpt` beside a `last.ckpt` that stays
+      at the old step).
+    - When training stops on an exception (SIGTERM, Ctrl-C, a crash), the state is saved as `last.ckpt` (no extra step
+      checkpoint, so the saved steps stay regular) unless it is there already, the weights are not finite, the
+      exception is a non-finite loss (a diverging state is no place to resume from) or the disk is full; then the way
+      to resume is printed.
 
     Lightning's `OnExceptionCheckpoint` is not used: with it, `fit` resumes by itself and its file wins over
     `last.ckpt` even when written at step 0 or from non-finite weights.
     """
 
+    LOCK_FILE = ".lock"
+
     def __init__(self, *args: Any, save_on_exception: bool = True, **kwargs: Any):
         super().__init__(*args, save_on_exception=save_on_exception, **kwargs)
-        self._saved_step: int | None = None  # the step of the newest state on disk, once training has started
+        self._saved_step: int | None = None  # the step of last.ckpt on disk, once training has started
+        self._saving_step: int | None = None  # the step of the checkpoint being written
+        self._lock: TextIO | None = None
+        self.run_id: str | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage != "fit" or not self.dirpath:
+            return
+        holder = self._take_lock() if trainer.is_global_zero else None
+        holder = trainer.strategy.broadcast(holder)
+        if holder is not None:
+            raise FolderInUse(
+                f"{relative_to_cwd(Path(self.dirpath))} belongs to a run that is still training ({holder}). Wait for "
+                "it to end, or write this run elsewhere (dirpath of the checkpoint callback in your config)."
+            )
+        self.run_id = trainer.strategy.broadcast(uuid.uuid4().hex)  # replaced by the checkpoint's when resuming
+
+    def _take_lock(self) -> str | None:
+        """Lock the folder for this process; None, or the holder's description when another process holds it."""
+        path = Path(self.dirpath) / self.LOCK_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path, "a+")  # noqa: SIM115 (held until teardown)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "a process that wrote no description"
+            lock.close()
+            return holder
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"process {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        lock.flush()
+        self._lock = lock
+        return None
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the file releases the OS lock
+            self._lock = None
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._release_lock()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -132,22 +197,74 @@ class ResumableCheckpoint(ModelCheckpoint):
                 "moving that folder away, or write this run elsewhere (dirpath of the checkpoint callback in your "
                 "config)."
             )
-        self._saved_step = trainer.global_step
+        self._saved_step = self._saving_step = trainer.global_step
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
-        self._saved_step = checkpoint["global_step"]
+        self._saving_step = checkpoint["global_step"]
+        checkpoint[RUN_ID] = self.run_id
+
+    # Each hook in which `ModelCheckpoint` saves writes the step's checkpoint, then `last.ckpt`: the state counts as
+    # saved once the hook has returned (an interruption between the two writes leaves `last.ckpt` a save behind).
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        super().on_train_batch_end(trainer, *args)
+        self._saved_step = self._saving_step
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        self._saved_step = self._saving_step
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        self._saved_step = self._saving_step
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        self.run_id = checkpoint.get(RUN_ID, self.run_id)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved_in = state_dict.get("dirpath")
+        if self.dirpath and saved_in and saved_in != self.dirpath:  # the folder was moved or copied
+            state_dict = _moved_state(state_dict, self.dirpath)
+        super().load_state_dict(state_dict)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        if (
-            not self.save_on_exception
-            or self._saved_step in (None, trainer.global_step)
-            or isinstance(exception, FloatingPointError)
-            or non_finite_tensors(pl_module.named_parameters())
-        ):
-            return
-        path = self.format_checkpoint_name({"step": trainer.global_step}, self.CHECKPOINT_NAME_LAST)
-        trainer.save_checkpoint(path)
-        self.last_model_path = path
+        try:
+            if (
+                not self.save_on_exception
+                or self._saved_step is None
+                or isinstance(exception, FloatingPointError | DiskFull)
+            ):
+                return
+            if self._saved_step != trainer.global_step:
+                if non_finite_tensors(pl_module.named_parameters()):
+                    return
+                path = self.format_checkpoint_name({"step": trainer.global_step}, self.CHECKPOINT_NAME_LAST)
+                trainer.save_checkpoint(path, weights_only=False)
+                self.last_model_path = path
+            if trainer.is_global_zero and self.last_model_path:
+                cause = INTERRUPTIONS.get(type(exception), type(exception).__name__)
+                print(
+                    f"Stopped at step {trainer.global_step} ({cause}); its state is saved in "
+                    f"{relative_to_cwd(Path(self.last_model_path))}. Resume: the same command with --ckpt_path last",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        finally:
+            self._release_lock()
+
+
+def _moved_state(state_dict: dict[str, Any], dirpath: str) -> dict[str, Any]:
+    """`ModelCheckpoint`'s state with each checkpoint path moved into `dirpath`."""
+
+    def moved(path: str) -> str:
+        return os.path.join(dirpath, os.path.basename(path)) if path else path
+
+    state_dict = dict(state_dict, dirpath=dirpath)
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        if key in state_dict:
+            state_dict[key] = moved(state_dict[key])
+    if "best_k_models" in state_dict:
+        state_dict["best_k_models"] = {moved(path): score for path, score in state_dict["best_k_models"].items()}
+    return state_dict
 
 
 def wandb_credentials_found() -> bool:
@@ -199,18 +316,23 @@ class AutoWandbLogger(WandbLogger):
 
 
 class LineProgress(ProgressBar):
-    """Progress as plain lines, which read the same in a terminal and in a log file: one every `every_n_steps`
-    training steps (loss, learning rate, target tokens/s), one per validation (loss, BLEU, chrF), and at the end of
-    `fit` a summary: steps, time, BLEU, sample translations, where the checkpoints and the tokenizer are, and the
-    command that exports the model."""
+    """Progress as plain lines, which read the same in a terminal and in a log file: one when the check of validation
+    before training starts (decoding takes a while with untrained weights), one after the first training step, then
+    one every `every_n_steps` steps or `every_n_seconds` seconds, whichever comes first (loss, learning rate, target
+    tokens/s), one per validation (loss, BLEU, chrF), and at the end of `fit` a summary: steps, time, BLEU, distinct
+    sample translations, where the checkpoints and the tokenizer are, and the command that exports the model. A
+    resumed run that has nothing left to train says so."""
 
-    def __init__(self, every_n_steps: int = 100, num_samples: int = 3) -> None:
+    def __init__(self, every_n_steps: int = 100, num_samples: int = 3, every_n_seconds: float = 60.0) -> None:
         super().__init__()
         self.every_n_steps = every_n_steps
+        self.every_n_seconds = every_n_seconds
         self.num_samples = num_samples
         self._enabled = True
-        self._started = time.monotonic()
+        self._started = self._printed_at = time.monotonic()
         self._printed_step: int | None = None
+        self._start_step = 0
+        self._resumed_step: int | None = None
 
     def disable(self) -> None:
         self._enabled = False
@@ -221,20 +343,35 @@ class LineProgress(ProgressBar):
     def _print(self, trainer: pl.Trainer, line: str) -> None:
         if self._enabled and trainer.is_global_zero:
             print(line, flush=True)
+            self._printed_at = time.monotonic()
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        self._resumed_step = checkpoint["global_step"]  # before `on_fit_start`, which sees the step only later
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._started = time.monotonic()
-        self._print(trainer, f"Training from step {_step_of(trainer)} ({_count(pl_module)} parameters)")
+        self._start_step = self._resumed_step or 0
+        verb = "Training" if self._resumed_step is None else "Resuming"
+        self._print(trainer, f"{verb} from step {_step_of(trainer, self._start_step)} ({_count(pl_module)} parameters)")
+
+    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._print(
+            trainer,
+            f"Checking validation on up to {trainer.num_sanity_val_steps} batches before training "
+            "(trainer.num_sanity_val_steps)",
+        )
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        if step % self.every_n_steps or step == self._printed_step:  # accumulated batches share a step
+        due = step % self.every_n_steps == 0 or step == self._start_step + 1
+        due |= time.monotonic() - self._printed_at >= self.every_n_seconds
+        if not due or step in (self._start_step, self._printed_step):  # accumulated batches share a step
             return
         self._printed_step = step
         metrics = trainer.callback_metrics
-        fields = [f"step {_step_of(trainer)}"]
+        fields = [f"step {_step_of(trainer, step)}"]
         fields.append(_elapsed(time.monotonic() - self._started))
         if "train/loss" in metrics:
             fields.append(f"loss {float(metrics['train/loss']):.3f}")
@@ -254,18 +391,21 @@ class LineProgress(ProgressBar):
         self._print(trainer, f"test: {_scores(trainer.callback_metrics, 'test')}")
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        resumed, self._resumed_step = self._resumed_step, None
         if not trainer.is_global_zero:
             return
-        lines = [
-            "",
-            f"Trained {trainer.global_step} steps in {_elapsed(time.monotonic() - self._started)}; "
-            f"validation: {_scores(trainer.callback_metrics, 'val')}",
-        ]
-        for source, reference, hypothesis in pl_module.val_samples[: self.num_samples]:
-            lines += [f"  source:     {source}", f"  reference:  {reference}", f"  hypothesis: {hypothesis}"]
+        step, elapsed = trainer.global_step, _elapsed(time.monotonic() - self._started)
+        if resumed == step:
+            lines = ["", f"Nothing to train: {_finished(trainer, step)}"]
+        else:
+            trained = f"Trained {step} steps" if resumed is None else f"Trained from step {resumed} to {step}"
+            scores = _scores(trainer.callback_metrics, "val")
+            lines = ["", f"{trained} in {elapsed}" + (f"; validation: {scores}" if scores else "")]
+            for source, reference, hypothesis in telling_samples(pl_module.val_samples, self.num_samples):
+                lines += [f"  source:     {source}", f"  reference:  {reference}", f"  hypothesis: {hypothesis}"]
         checkpoint = trainer.checkpoint_callback
         if checkpoint is not None and checkpoint.dirpath:
-            folder = _relative(Path(checkpoint.dirpath))
+            folder = relative_to_cwd(Path(checkpoint.dirpath))
             last = folder / f"{checkpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"
             lines.append(f"Checkpoints: {folder}")
             datamodule = getattr(trainer, "datamodule", None)
@@ -277,11 +417,30 @@ class LineProgress(ProgressBar):
         print("\n".join(lines), flush=True)
 
 
-def _step_of(trainer: pl.Trainer) -> str:
-    return f"{trainer.global_step}/{trainer.max_steps}" if trainer.max_steps > 0 else str(trainer.global_step)
+def telling_samples(rows: list[list[str]], count: int) -> list[list[str]]:
+    """`count` [source, reference, hypothesis] rows with distinct sources, spread over the sources' lengths (of three:
+    a short, a middle and a long one). The first rows of a validation are its shortest, often one source repeated."""
+    distinct = sorted({row[0]: row for row in rows}.values(), key=lambda row: len(row[0]))
+    if len(distinct) <= count:
+        return distinct
+    return [distinct[int((i + 0.5) * len(distinct) / count)] for i in range(count)]
 
 
-def _relative(path: Path) -> Path:
+def _finished(trainer: pl.Trainer, step: int) -> str:
+    """Why a resumed run trained no step, and how to train it further."""
+    if 0 < trainer.max_steps <= step:
+        return (
+            f"the run is at step {step}, its trainer.max_steps. To train it further, resume with a higher "
+            "--trainer.max_steps"
+        )
+    return "the run has reached its trainer.max_time or max_epochs. To train it further, resume with a higher one"
+
+
+def _step_of(trainer: pl.Trainer, step: int) -> str:
+    return f"{step}/{trainer.max_steps}" if trainer.max_steps > 0 else str(step)
+
+
+def relative_to_cwd(path: Path) -> Path:
     """`path` as the user wrote it in a config: relative to the working directory where it lies below it (Lightning
     makes checkpoint folders absolute)."""
     return path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path

@@ -2,8 +2,10 @@
 and tokenizer that travel inside a checkpoint, averaging the last checkpoints (section 6.1 averages the last 5), and
 exporting."""
 
+import errno
 import os
 import pickle
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -16,12 +18,14 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline
-from hf_transformer.errors import CheckpointError, CheckpointNotFound
+from hf_transformer.errors import CheckpointError, CheckpointNotFound, DiskFull
 from hf_transformer.export.folder import make_shareable
 from hf_transformer.export.marian import to_marian
 from hf_transformer.export.model_card import write_model_card
 
 MODEL_PREFIX = "model."
+# The checkpoint key of the run a checkpoint belongs to (written by `ResumableCheckpoint`, kept across resumes).
+RUN_ID = "run_id"
 
 
 # What torch.load raises on a file that is truncated, overwritten or no checkpoint at all.
@@ -57,6 +61,15 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)  # atomic within one filesystem, which a file beside the target guarantees
+    except (OSError, RuntimeError) as error:
+        if _is_disk_full(error):
+            raise DiskFull(
+                f"no space left on the disk of {path.parent} while writing {path.name} "
+                f"({shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB free there); the checkpoints written before "
+                "are intact. Free space there, or write checkpoints to another disk (dirpath of the checkpoint "
+                "callback), then resume with --ckpt_path last"
+            ) from error
+        raise
     finally:
         temporary.unlink(missing_ok=True)
     folder = os.open(path.parent, os.O_RDONLY)
@@ -64,6 +77,16 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
         os.fsync(folder)  # the rename itself survives a power cut once the folder's entry is on disk
     finally:
         os.close(folder)
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    """True when `error`, or one it arose from, is the OS saying the disk or the user's quota is full (torch reports
+    it as a RuntimeError of its zip writer, with the OSError only in the chain)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -108,6 +131,47 @@ def tokenizer_state(tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
     return {"json": tokenizer.backend_tokenizer.to_str(), "special_tokens": dict(tokenizer.special_tokens_map)}
 
 
+# The TransformerConfig fields that decide the shapes of the weights.
+SHAPE_FIELDS = (
+    "vocab_size",
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+)
+
+
+def check_same_model(
+    checkpoint: dict[str, Any], config: TransformerConfig, tokenizer: PreTrainedTokenizerFast | None
+) -> None:
+    """Refuse a checkpoint of another model or tokenizer, naming what differs, before its weights are loaded (where
+    the mismatch would be a dump of tensor shapes, or with equal sizes a model reading other token ids)."""
+    saved = checkpoint.get("hf_config", {})
+    differences = [
+        f"{field} {saved[field]} in the checkpoint, {getattr(config, field)} here"
+        for field in SHAPE_FIELDS
+        if field in saved and saved[field] != getattr(config, field)
+    ]
+    other_tokens = (
+        not differences
+        and tokenizer is not None
+        and "tokenizer" in checkpoint
+        and tokenizer_from_checkpoint(checkpoint).get_vocab() != tokenizer.get_vocab()
+    )
+    if other_tokens:
+        differences.append("a tokenizer of the same size, but with other tokens or ids")
+    if differences:
+        raise CheckpointError(
+            f"the checkpoint (--ckpt_path) holds another model or tokenizer than this config builds: "
+            f"{'; '.join(differences)}. Use the config of the run that wrote it, with its data settings (the "
+            "tokenizer comes from data.tokenizer_dir or data.tokenizer), or export it (hf-transformer export) and "
+            "start from that folder with --model.init_from"
+        )
+
+
 def model_from_checkpoint(checkpoint: dict[str, Any]) -> TransformerForConditionalGeneration:
     model = TransformerForConditionalGeneration(TransformerConfig.from_dict(checkpoint["hf_config"]))
     state = {
@@ -123,11 +187,12 @@ def model_from_checkpoint(checkpoint: dict[str, Any]) -> TransformerForCondition
 
 
 def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
-    """The element-wise mean of the float weights of several checkpoints (computed in float64); everything else is
-    taken from the last one, and `averaged_steps` lists the global steps averaged."""
+    """The element-wise mean of the float weights of several checkpoints of one run (computed in float64); everything
+    else is taken from the last one, and `averaged_steps` lists the global steps averaged."""
     if not paths:
         raise ValueError("Checkpoint averaging needs at least one checkpoint.")
     checkpoints = [load_checkpoint(path) for path in paths]
+    check_one_run(paths, [checkpoint.get(RUN_ID) for checkpoint in checkpoints])
     averaged = dict(checkpoints[-1])
     averaged["averaged_steps"] = [checkpoint["global_step"] for checkpoint in checkpoints]
     averaged["state_dict"] = {}
@@ -138,6 +203,21 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
         else:
             averaged["state_dict"][name] = last
     return averaged
+
+
+def check_one_run(paths: list[str | Path], run_ids: list[str | None]) -> None:
+    """Refuse to average checkpoints of different runs (two runs written into one folder, files copied in): the mean
+    of unrelated weights is no model. Checkpoints written before run ids were recorded match any run."""
+    runs: dict[str, list[str]] = {}
+    for path, run_id in zip(paths, run_ids, strict=True):
+        if run_id is not None:
+            runs.setdefault(run_id, []).append(Path(path).name)
+    if len(runs) > 1:
+        groups = "; ".join(f"run {run_id[:8]}: {', '.join(names)}" for run_id, names in runs.items())
+        raise CheckpointError(
+            f"the checkpoints to average belong to {len(runs)} different runs ({groups}). Average checkpoints of one "
+            "run: move the other run's files out of the folder, or give fewer (--average N)"
+        )
 
 
 def last_checkpoints(folder: str | Path, count: int) -> list[Path]:
@@ -152,10 +232,13 @@ def last_checkpoints(folder: str | Path, count: int) -> list[Path]:
         except ValueError as error:
             warnings.warn(f"Not averaging {error}", stacklevel=2)
     chosen = sorted(steps, key=steps.get)[-count:]
+    if not chosen:
+        raise CheckpointNotFound(f"{folder} holds no readable step checkpoints (step*.ckpt) to average")
     if len(chosen) < count:
-        raise ValueError(
-            f"Asked to average {count} checkpoints but {folder} holds {len(chosen)} readable ones: "
-            f"{[path.name for path in chosen]}."
+        raise CheckpointNotFound(
+            f"asked to average {count} checkpoints but {folder} holds {len(chosen)} (steps "
+            f"{', '.join(str(steps[path]) for path in chosen)}): average at most {len(chosen)} (--average "
+            f"{len(chosen)}), or keep more in the next run (save_top_k of the checkpoint callback)"
         )
     return chosen
 

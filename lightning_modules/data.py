@@ -32,6 +32,8 @@ _ROWS_PER_TOKENIZER_PROCESS = 50_000
 # the lower one, it warns. A BPE vocabulary trained on the same data has next to none.
 _UNKNOWN_RATE_ERROR, _UNKNOWN_RATE_WARNING = 0.05, 0.005
 _ROLES_OF_STAGE = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), "predict": ("test",)}
+# The Trainer setting that limits the batches of each role's loader.
+_LIMIT_OF_ROLE = {"train": "limit_train_batches", "validation": "limit_val_batches", "test": "limit_test_batches"}
 
 
 class TranslationDataModule(pl.LightningDataModule):
@@ -129,6 +131,9 @@ class TranslationDataModule(pl.LightningDataModule):
             check_trained_on(hp.tokenizer_dir, self._tokenizer_recipe())
             rank_zero_info(f"Loading the tokenizer saved in {hp.tokenizer_dir}, trained earlier on the same data")
             return load_tokenizer(hp.tokenizer_dir)
+        rank_zero_info(
+            f"Training a {hp.bpe_vocab_size}-token BPE tokenizer on split {hp.train_split!r} of {hp.dataset}"
+        )
         rows = self._raw_split(hp.train_split).iter(batch_size=1000)
         sentences = (batch[side] for batch in rows for side in ("source_text", "target_text"))
         tokenizer = train_bpe_tokenizer(sentences, hp.bpe_vocab_size, hp.bpe_min_frequency)
@@ -186,7 +191,9 @@ class TranslationDataModule(pl.LightningDataModule):
         """Tokenize and filter a split once: (dataset, source lengths, target lengths)."""
         if role not in self._prepared:
             split = self._split_name(role)
-            encoded = self._tokenize(self._raw_split(split))
+            pairs = self._raw_split(split)
+            rank_zero_info(f"{role} split {split!r}: tokenizing {len(pairs):,} pairs")
+            encoded = self._tokenize(pairs)
             self._prepared[role] = self._filter(role, split, encoded)
         return self._prepared[role]
 
@@ -248,13 +255,19 @@ class TranslationDataModule(pl.LightningDataModule):
             return
         hp = self.hparams
         if hp.tokenizer is not None:
-            origin = f"the tokenizer {hp.tokenizer!r}"
-        else:
-            origin = f"the tokenizer in {hp.tokenizer_dir}" if hp.tokenizer_dir else "the tokenizer trained on it"
+            problem = f"the tokenizer {hp.tokenizer!r} does not cover this data's characters or languages"
+            fix = "Use a tokenizer made for this data (data.tokenizer: null trains one; data.tokenizer_dir names where)"
+        else:  # one trained on this split covers its characters: this one was trained earlier, in tokenizer_dir
+            problem = (
+                f"the tokenizer in {hp.tokenizer_dir} was trained on other data, or on this split before it changed"
+            )
+            fix = (
+                f"Delete {hp.tokenizer_dir} to train one on the data as it is now, or set data.tokenizer_dir to "
+                "another folder"
+            )
         message = (
             f"{rate:.1%} of the tokens of training split {split!r} are {self.tokenizer.unk_token} ({unknown} tokens): "
-            f"{origin} does not cover this data's characters or languages. Use a tokenizer made for this data "
-            "(data.tokenizer: null trains one; data.tokenizer_dir names where)"
+            f"{problem}. {fix}"
         )
         if rate > _UNKNOWN_RATE_ERROR:
             raise DataError(message)
@@ -302,13 +315,28 @@ class TranslationDataModule(pl.LightningDataModule):
 
     def _loader(self, role: str, loader_class: type[DataLoader], max_tokens: int, shuffle: bool) -> DataLoader:
         workers = self.hparams.num_workers
+        batch_sampler = self._batch_sampler(role, max_tokens, shuffle)
+        self._check_batch_limit(role, batch_sampler)
         return loader_class(
             self._prepare(role)[0],
-            batch_sampler=self._batch_sampler(role, max_tokens, shuffle),
+            batch_sampler=batch_sampler,
             collate_fn=self._collator,
             num_workers=workers,
             persistent_workers=workers > 0,
         )
+
+    def _check_batch_limit(self, role: str, batch_sampler: TokenBudgetBatchSampler) -> None:
+        """A fraction of a small split's batches (`limit_val_batches: 0.25` with a 100-pair validation split) can be
+        less than one batch, which Lightning reports with a traceback: name the split and the settings instead."""
+        name = _LIMIT_OF_ROLE[role]
+        limit = getattr(self.trainer, name, None)
+        if isinstance(limit, float) and 0 < limit < 1 and int(len(batch_sampler) * limit) < 1:
+            batches = len(batch_sampler)
+            raise DataError(
+                f"{role} split {self._split_name(role)!r} makes {batches} batch{'es' * (batches != 1)} of up to "
+                f"{batch_sampler.max_tokens} tokens per device, and trainer.{name}={limit} keeps {limit:.0%} of them: "
+                f"less than one. Set trainer.{name} to 1.0 (the whole split) or to a number of batches (an int, e.g. 1)"
+            )
 
 
 @functools.lru_cache(maxsize=2)

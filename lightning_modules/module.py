@@ -21,8 +21,8 @@ from hf_transformer.integrity import non_finite_tensors
 from hf_transformer.loss import IGNORE_INDEX
 from hf_transformer.translate import beam_search
 
-from .callbacks import ExactResume
-from .checkpoint import tokenizer_from_checkpoint, tokenizer_state
+from .callbacks import ExactResume, telling_samples
+from .checkpoint import check_same_model, tokenizer_from_checkpoint, tokenizer_state
 from .tokenization import model_vocabulary
 
 # Validation rows kept for the logger's sample table and the end-of-run summary.
@@ -263,10 +263,9 @@ class TranslationModule(pl.LightningModule):
         references = [[reference] for reference in batch["target_text"]]
         self.bleu[stage].update(hypotheses, references)
         self.chrf[stage].update(hypotheses, references)
-        if stage == "val" and len(self._samples) < NUM_LOGGED_SAMPLES:
+        if stage == "val":
             rows = zip(batch["source_text"], batch["target_text"], hypotheses, strict=True)
             self._samples.extend([source, reference, hypothesis] for source, reference, hypothesis in rows)
-            del self._samples[NUM_LOGGED_SAMPLES:]  # a batch may hold more rows than are missing
         if stage == "test":
             self._translations.extend(zip(batch["index"].tolist(), hypotheses, batch["target_text"], strict=True))
 
@@ -278,6 +277,7 @@ class TranslationModule(pl.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self._log_scores("val")
+        self._samples = telling_samples(self._samples, NUM_LOGGED_SAMPLES)
         if not self.trainer.sanity_checking:
             self.val_samples = self._samples
         if self._samples and not self.trainer.sanity_checking and hasattr(self.logger, "log_text"):
@@ -345,3 +345,4 @@ class TranslationModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.tokenizer is None and "tokenizer" in checkpoint:
             self.tokenizer = tokenizer_from_checkpoint(checkpoint)
+        check_same_model(checkpoint, self.model.config, self.tokenizer)

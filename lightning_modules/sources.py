@@ -6,6 +6,7 @@ goes to `datasets.load_dataset(name, config)`: a Hub dataset id, or a local fold
 Table-like data holds either a `translation: {lang: text}` column or one text column per language.
 """
 
+import codecs
 import csv
 import gzip
 from pathlib import Path
@@ -30,6 +31,8 @@ _TABLE_FORMATS = {
     "csv": ("csv", _TEXT_CSV_OPTIONS),
 }
 _TEXT_FEATURES = Features({"text": Value("string")})
+# The UTF-8 byte-order mark that some editors (Windows Notepad, Excel) write at the start of a file.
+_BYTE_ORDER_MARK = codecs.BOM_UTF8.decode()
 
 
 def load_split(dataset: str, config: str | None, split: str, source_lang: str, target_lang: str) -> Dataset:
@@ -114,8 +117,8 @@ def _splits_in(folder: Path) -> str:
 
 def _load_text_pair(source_path: Path, target_path: Path, source_lang: str, target_lang: str) -> Dataset:
     """Two line-aligned plain-text files as one dataset with a column per language."""
-    source = _load_file("text", source_path, features=_TEXT_FEATURES).rename_column("text", source_lang)
-    target = _load_file("text", target_path, features=_TEXT_FEATURES).rename_column("text", target_lang)
+    source = _load_lines(source_path).rename_column("text", source_lang)
+    target = _load_lines(target_path).rename_column("text", target_lang)
     if len(source) != len(target):
         raise DataError(
             f"{source_path} has {len(source)} lines but {target_path} has {len(target)}: the files of a split must "
@@ -123,6 +126,21 @@ def _load_text_pair(source_path: Path, target_path: Path, source_lang: str, targ
         )
     pairs = concatenate_datasets([source, target], axis=1)
     return to_pairs(pairs, source_lang, target_lang, origin=f"{source_path} + {target_path}")
+
+
+def _load_lines(path: Path) -> Dataset:
+    """A plain-text file as a `text` column, one row per line. A byte-order mark at the start of the file (or of a
+    line, in files concatenated from such files) is no part of the text: left in, it became a token of the
+    vocabulary. The csv and json readers drop it themselves."""
+    lines = _load_file("text", path, features=_TEXT_FEATURES)
+    with _open_binary(path) as file:
+        if file.read(len(codecs.BOM_UTF8)) != codecs.BOM_UTF8:
+            return lines
+    return lines.map(
+        lambda batch: {"text": [line.removeprefix(_BYTE_ORDER_MARK) for line in batch["text"]]},
+        batched=True,
+        desc="Removing the byte-order mark",
+    )
 
 
 def _load_table_file(path: Path, source_lang: str, target_lang: str) -> Dataset:

@@ -180,6 +180,28 @@ def test_a_tokenizer_that_does_not_cover_the_data_stops_training(tmp_path):
         local_module(tmp_path, tokenizer=str(numbers))
 
 
+def test_data_changed_in_place_names_the_saved_tokenizer_to_delete(tmp_path):
+    """The hint was `tokenizer: null`, which was already set: the tokenizer reused was the one saved in tokenizer_dir,
+    trained on the split before it changed."""
+    data, folder = tmp_path / "data", tmp_path / "tokenizer"
+    data.mkdir()
+
+    def write_splits(pairs: list[tuple[str, str]]) -> None:
+        for split in ("train", "validation", "test"):
+            write_jsonl(data / f"{split}.jsonl", [{"en": s, "de": t} for s, t in pairs * 5])
+
+    write_splits(PAIRS)
+    local_module(data, tokenizer_dir=str(folder))
+    write_splits([("ένας μικρός σκύλος τρέχει", "ein kleiner Hund rennt"), ("δύο άνδρες", "zwei Männer")])
+    with pytest.raises(DataError) as error:
+        local_module(data, tokenizer_dir=str(folder))
+    assert (
+        f"the tokenizer in {folder} was trained on other data, or on this split before it changed. Delete "
+        f"{folder} to train one on the data as it is now" in str(error.value)
+    )
+    assert "tokenizer: null" not in str(error.value)
+
+
 def test_bpe_training_is_deterministic():
     assert TranslationDataModule(**SMALL).tokenizer.get_vocab() == TranslationDataModule(**SMALL).tokenizer.get_vocab()
 
@@ -392,6 +414,17 @@ def test_folder_of_text_files_with_split_names_mapped(tmp_path, suffix):
     assert pairs_of(dm, "validation") == sorted(PAIRS)
     reverse = local_module(tmp_path, source_lang="fr", target_lang="en", validation_split="dev", test_split="test2016")
     assert pairs_of(reverse, "test") == sorted(zip(["un", "deux", "trois"], [s for s, _ in PAIRS], strict=True))
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_a_byte_order_mark_is_no_part_of_the_text(tmp_path, suffix):
+    """Files saved by Windows editors start with a UTF-8 byte-order mark, which became a token of the vocabulary."""
+    for split in ("train", "validation", "test"):
+        write_lines(tmp_path / f"{split}.en{suffix}", ["\ufeff" + PAIRS[0][0], *(s for s, _ in PAIRS[1:])])
+        write_lines(tmp_path / f"{split}.de{suffix}", ["\ufeff" + PAIRS[0][1], *(t for _, t in PAIRS[1:])])
+    dm = local_module(tmp_path)
+    assert pairs_of(dm, "validation") == sorted(PAIRS)
+    assert not [token for token in dm.tokenizer.get_vocab() if "\ufeff" in token]
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "tsv", "csv", "parquet"])

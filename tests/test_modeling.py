@@ -661,3 +661,15 @@ def test_translate_batches_by_length_and_keeps_the_input_order(tiny_config, tiny
     # 24 tokens with 2 beams leave 12 source tokens per batch: several batches of different lengths.
     assert translate(model, tiny_tokenizer, sentences, max_tokens=24, num_beams=2, max_length_offset=5) == one_by_one
     assert translate(model, tiny_tokenizer, []) == []
+
+
+def test_generating_past_the_positions_names_max_new_tokens(tiny_config):
+    """The message told the user to truncate the input, which was short: the output ran past the positions."""
+    model = TransformerForConditionalGeneration(tiny_config).eval()
+    source = torch.randint(4, 64, (1, 5))
+    positions = tiny_config.max_position_embeddings
+    with pytest.raises(ValueError) as error:
+        model.generate(source, attention_mask=torch.ones_like(source), max_new_tokens=100, min_new_tokens=100)
+    message = str(error.value)
+    assert "max_new_tokens" in message and "max_length" in message
+    assert f"max_position_embeddings={positions}" in message and "truncate the input" not in message

@@ -1,6 +1,7 @@
 """Training through the `hf-transformer` command: it learns, resumes exactly, fails clearly, and exports."""
 
 import csv
+import fcntl
 import importlib.metadata
 import json
 import math
@@ -80,18 +81,24 @@ def test_mfu_is_the_model_flops_per_second_over_the_device_peak(tiny_config, mon
 def test_demo_config_learns_the_synthetic_task(tmp_path, monkeypatch, capsys):
     """The demo as shipped (model size, data, schedule), cut to 400 steps: BLEU goes from ~0 to well above, and the
     run ends on a summary that shows what it learned and what to do next."""
+    from lightning_modules.cli.training import TranslationCLI
+
     monkeypatch.chdir(tmp_path)
     quick = ["--trainer.limit_val_batches=2", "--data.synthetic_eval_size=64"]
-    main(["validate", "--config", str(DEMO), *quick])
+    cli = TranslationCLI(args=["--config", str(DEMO), *quick], run=False)
+    cli.trainer.validate(cli.model, datamodule=cli.datamodule)  # the untrained model, which `validate` refuses
     untrained = val_bleu(tmp_path)[-1]
     capsys.readouterr()
     main(["fit", "--config", str(DEMO), *quick, "--trainer.max_steps=400", "--trainer.val_check_interval=400"])
     trained = val_bleu(tmp_path)[-1]
     assert untrained < 5 and trained > 25, (untrained, trained)
     printed = capsys.readouterr().out
-    assert "step 100/400 | " in printed and "validation at step 400: loss " in printed
+    assert "Total FLOPs" not in printed and "Checking validation on up to 2 batches before training" in printed
+    assert "step 1/400 | " in printed and "step 100/400 | " in printed and "validation at step 400: loss " in printed
     summary = printed.split("Trained 400 steps in ", 1)[1]
     assert f"BLEU {trained:.1f}" in summary and summary.count("hypothesis: ") == 3
+    sources = [line.split("source: ", 1)[1].strip() for line in summary.splitlines() if "source: " in line]
+    assert len(set(sources)) == 3 and max(map(len, sources)) >= 4, sources  # distinct, not only one-digit numbers
     assert "Tokenizer:   runs/demo/tokenizer" in summary
     assert "Export it:   hf-transformer export runs/demo/checkpoints/last.ckpt exports/<name>" in summary
 
@@ -252,35 +259,43 @@ def test_the_data_keeps_and_cuts_pairs_to_the_model_positions(run_dir):
     assert max(batch["labels"].shape[1] for batch in cli.datamodule.val_dataloader()) <= 9
 
 
-def test_sigterm_saves_a_checkpoint_that_resumes(run_dir):
-    """Pre-emption: SIGTERM mid-training leaves a checkpoint that `--ckpt_path last` picks up."""
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "lightning_modules.cli",
-            "fit",
-            "--config",
-            str(DEMO),
-            "--config",
-            "tiny.yaml",
-            "--trainer.max_steps=100000",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not (run_dir / "runs/demo/checkpoints/last.ckpt").exists():
-            assert time.monotonic() < deadline and process.poll() is None, "training did not start"
-            time.sleep(0.5)
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=120)
-    finally:
-        process.kill()
+@pytest.mark.parametrize(("stop", "name"), [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")])
+def test_sigterm_saves_a_checkpoint_that_resumes(run_dir, stop, name):
+    """Pre-emption (SIGTERM) or Ctrl-C mid-training leaves a checkpoint that `--ckpt_path last` picks up, and the run
+    ends saying so (it ended on Lightning's stray "`weights_only` was not set" line)."""
+    with open(run_dir / "output.txt", "w") as output:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lightning_modules.cli",
+                "fit",
+                "--config",
+                str(DEMO),
+                "--config",
+                "tiny.yaml",
+                "--trainer.max_steps=100000",
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while not (run_dir / "runs/demo/checkpoints/last.ckpt").exists():
+                assert time.monotonic() < deadline and process.poll() is None, "training did not start"
+                time.sleep(0.5)
+            process.send_signal(stop)
+            process.wait(timeout=120)
+        finally:
+            process.kill()
     saved = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")["global_step"]
     assert saved >= 3
+    last_lines = (run_dir / "output.txt").read_text().strip().splitlines()[-2:]
+    assert "weights_only" not in "\n".join(last_lines)
+    assert last_lines[-1] == (
+        f"Stopped at step {saved} ({name}); its state is saved in runs/demo/checkpoints/last.ckpt. Resume: "
+        "the same command with --ckpt_path last"
+    )
     target = (saved // 3 + 1) * 3  # the next step at which tiny.yaml writes a checkpoint
     fit(f"--trainer.max_steps={target}", "--ckpt_path=last")
     assert load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")["global_step"] == target
@@ -481,12 +496,228 @@ def test_fp16_mixed_with_grad_scaler_trains_on_gpu(run_dir):
     assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values() if t.is_floating_point())
 
 
-def test_progress_prints_one_line_per_step_when_batches_are_accumulated(capsys):
-    from lightning_modules.callbacks import LineProgress
+def test_progress_prints_the_first_step_then_every_n_steps_once_per_step(capsys, monkeypatch):
+    """A line after the first step (the demo was silent for its first 100 steps), then every `every_n_steps` steps or
+    `every_n_seconds` seconds, once per step when batches are accumulated."""
+    from lightning_modules import callbacks
 
-    progress = LineProgress(every_n_steps=2)
-    trainer = SimpleNamespace(global_step=0, max_steps=4, callback_metrics={}, optimizers=[], is_global_zero=True)
-    for step in (0, 0, 1, 1, 2, 2):  # two batches per optimizer step
-        trainer.global_step = step
-        progress.on_train_batch_end(trainer, None, None, None, 0)
-    assert [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines()] == ["step 0/4", "step 2/4"]
+    def printed_steps(progress: callbacks.LineProgress, steps: list[int]) -> list[str]:
+        trainer = SimpleNamespace(global_step=0, max_steps=9, callback_metrics={}, optimizers=[], is_global_zero=True)
+        for step in steps:
+            trainer.global_step = step
+            progress.on_train_batch_end(trainer, None, None, None, 0)
+        return [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines()]
+
+    two_batches_per_step = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert printed_steps(callbacks.LineProgress(every_n_steps=2), two_batches_per_step) == [
+        "step 1/9",
+        "step 2/9",
+        "step 4/9",
+    ]
+    clock = iter(range(0, 1000, 25))  # 25 s per call of time.monotonic
+    monkeypatch.setattr(callbacks.time, "monotonic", lambda: next(clock))
+    assert printed_steps(callbacks.LineProgress(every_n_steps=100, every_n_seconds=60), list(range(1, 7))) == [
+        "step 1/9",
+        "step 4/9",
+    ]
+
+
+def error_line(capsys, *argv: str) -> str:
+    """The one line that `hf-transformer` prints for a mistake, and exits 1 with."""
+    with pytest.raises(SystemExit) as stopped:
+        main(list(argv))
+    assert stopped.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(lines)
+    return lines[-1]
+
+
+def test_a_validation_split_too_small_for_limit_val_batches_is_one_line(run_dir, capsys):
+    """A fraction of a one-batch split is no batch: Lightning stopped with a 40-line traceback."""
+    message = error_line(
+        capsys, "fit", "--config", str(DEMO), "--config", "tiny.yaml", "--trainer.limit_val_batches=0.25"
+    )
+    assert message.endswith(
+        "validation split 'validation' makes 1 batch of up to 4096 tokens per device, and "
+        "trainer.limit_val_batches=0.25 keeps 25% of them: less than one. Set "
+        "trainer.limit_val_batches to 1.0 (the whole split) or to a number of batches (an int, e.g. 1)"
+    )
+
+
+def test_export_refuses_to_overwrite_a_folder_or_a_file_and_names_a_short_average(run_dir, capsys):
+    fit("--trainer.max_steps=3")
+    last = "runs/demo/checkpoints/last.ckpt"
+    (run_dir / "mine").mkdir()
+    (run_dir / "mine/README.md").write_text("my notes")
+    message = error_line(capsys, "export", last, "mine")
+    assert message.endswith(
+        "mine is not empty (README.md): export into a new or empty folder, or add --overwrite to replace its files"
+    )
+    assert (run_dir / "mine/README.md").read_text() == "my notes"
+    main(["export", last, "mine", "--overwrite"])
+    assert (run_dir / "mine/model.safetensors").exists()
+    (run_dir / "a-file").write_text("")
+    assert error_line(capsys, "export", last, "a-file").endswith(
+        "a-file is a file: give the path of a new or empty folder to export into"
+    )
+    message = error_line(capsys, "export", "runs/demo/checkpoints", "averaged", "--average", "10")
+    assert message.endswith(
+        "asked to average 10 checkpoints but runs/demo/checkpoints holds 1 (steps 3): average at "
+        "most 1 (--average 1), or keep more in the next run (save_top_k of the checkpoint callback)"
+    )
+
+
+def test_a_model_folder_with_a_bad_config_or_no_tokenizer_is_named_before_anything_is_written(run_dir, capsys):
+    fit("--trainer.max_steps=3")
+    main(["export", "runs/demo/checkpoints/last.ckpt", "exported"])
+    (run_dir / "exported/tokenizer.json").unlink()
+    message = error_line(capsys, "export", "exported", "marian", "--format", "marian")
+    assert "exported has no tokenizer.json: a model folder needs the tokenizer it was trained with" in message
+    assert not (run_dir / "marian").exists()
+
+    config = run_dir / "exported/config.json"
+    config.write_text(config.read_text().replace('"d_model": 32', '"d_model": "32"'))
+    expected = "exported/config.json: Field 'd_model' expected int, got str (value: '32'). Fix that field in the file"
+    assert expected in error_line(capsys, "export", "exported", "marian", "--format", "marian")
+    message = error_line(capsys, "fit", "--config", str(DEMO), "--config", "tiny.yaml", "--model.init_from=exported")
+    assert message.startswith(f"hf-transformer fit: error: {expected}")
+
+
+def test_a_moved_run_folder_resumes_as_the_same_run(run_dir, tmp_path_factory, monkeypatch):
+    """Moved (or copied) elsewhere, a run resumes into its own last.ckpt (Lightning wrote last-v1.ckpt and left
+    last.ckpt, which README tells to export, at the old step) and keeps its run id and its last 5 checkpoints."""
+    fit("--trainer.max_steps=9")
+    moved = tmp_path_factory.mktemp("moved")
+    (run_dir / "runs").rename(moved / "runs")
+    (run_dir / "tiny.yaml").rename(moved / "tiny.yaml")
+    monkeypatch.chdir(moved)
+    fit("--trainer.max_steps=18", "--ckpt_path=last")
+    folder = moved / "runs/demo/checkpoints"
+    assert checkpoint_steps(moved) == {f"step{step:06d}.ckpt": step for step in (6, 9, 12, 15, 18)} | {"last.ckpt": 18}
+    assert len({load_checkpoint(path)["run_id"] for path in folder.glob("*.ckpt")}) == 1
+
+
+def test_a_run_owns_its_folder_while_it_trains(run_dir, capsys):
+    """Two runs started at once into one folder interleaved their checkpoints; the second now stops, naming the
+    first. The lock is the OS's (flock), so it ends with its process, kill -9 included."""
+    folder = run_dir / "runs/demo/checkpoints"
+    folder.mkdir(parents=True)
+    with open(folder / ".lock", "a+") as lock:  # another process training into the folder
+        lock.write("process 4242 on trainer-7, started 2026-01-01 10:00:00\n")
+        lock.flush()
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        message = error_line(capsys, "fit", "--config", str(DEMO), "--config", "tiny.yaml", "--trainer.max_steps=3")
+    assert "runs/demo/checkpoints belongs to a run that is still training (process 4242 on trainer-7" in message
+    assert not list(folder.glob("*.ckpt"))
+    fit("--trainer.max_steps=3")  # once that process has ended
+    fit("--trainer.max_steps=6", "--ckpt_path=last")  # and the lock of a run ends with it
+    assert checkpoint_steps(run_dir)["last.ckpt"] == 6
+
+
+def test_averaging_refuses_checkpoints_of_different_runs(run_dir, capsys):
+    fit("--trainer.max_steps=6")
+    (run_dir / "runs").rename(run_dir / "first")
+    fit("--trainer.max_steps=6")
+    folder = run_dir / "runs/demo/checkpoints"
+    (run_dir / "first/demo/checkpoints/step000006.ckpt").rename(folder / "step000009.ckpt")  # as if written there
+    message = error_line(capsys, "export", str(folder), "averaged", "--average", "2")
+    assert "the checkpoints to average belong to 2 different runs" in message
+    assert "step000006.ckpt" in message and "step000009.ckpt" in message
+    assert not (run_dir / "averaged").exists()
+
+
+@pytest.mark.parametrize("command", ["test", "validate"])
+def test_evaluating_needs_a_model(run_dir, capsys, command):
+    """Without --ckpt_path, `test` scored a freshly initialised model (BLEU 0.0) and exited 0."""
+    message = error_line(capsys, command, "--config", str(DEMO), "--config", "tiny.yaml")
+    assert f"no model to {command}: " in message and "--ckpt_path last" in message and "--model.init_from" in message
+    assert not (run_dir / "runs").exists()  # before any work
+
+
+def test_ckpt_path_last_resumes_or_says_there_is_nothing_to_resume(run_dir, capsys):
+    """Lightning warns ("Set save_last=True") and trains from step 0 when no last checkpoint exists."""
+    args = ["--config", str(DEMO), "--config", "tiny.yaml", "--trainer.max_steps=3"]
+    message = error_line(capsys, "fit", *args, "--ckpt_path=last")
+    assert message.endswith(
+        "--ckpt_path last: nothing to resume, runs/demo/checkpoints holds no last.ckpt. Start a new "
+        "run without --ckpt_path, or give the checkpoint callback the dirpath of the run to resume"
+    )
+    assert not list(run_dir.glob("runs/demo/checkpoints/*.ckpt"))
+    message = error_line(capsys, "test", *args, "--ckpt_path=last")
+    assert "runs/demo/checkpoints holds no last.ckpt, so there is no model to test" in message
+    message = error_line(capsys, "test", *args, "--ckpt_path=runs/demo/checkpoints/step000003.ckpt")
+    assert message.endswith(
+        "--ckpt_path runs/demo/checkpoints/step000003.ckpt: no such file. Pass a .ckpt file written by a run"
+    )
+
+
+def test_a_checkpoint_of_another_model_or_tokenizer_names_what_differs(run_dir, capsys):
+    fit("--trainer.max_steps=3")
+    ckpt = "--ckpt_path=runs/demo/checkpoints/last.ckpt"
+    other_data = ["--data.bpe_vocab_size=80", "--data.tokenizer_dir=runs/other/tokenizer"]
+    message = error_line(capsys, "test", "--config", str(DEMO), "--config", "tiny.yaml", *other_data, ckpt)
+    assert (
+        "the checkpoint (--ckpt_path) holds another model or tokenizer than this config builds: vocab_size 120 in "
+        "the checkpoint, 80 here. Use the config of the run that wrote it" in message
+    )
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a device that is always full")
+def test_a_full_disk_stops_the_run_with_one_line(run_dir, capsys):
+    """torch reported ENOSPC as `RuntimeError: [enforce fail at inline_container.cc:672]`, the cause mid-trace."""
+    folder = run_dir / "runs/demo/checkpoints"
+    folder.mkdir(parents=True)
+    # What save_atomically writes step 3 into first (this process's pid): a disk with no space left.
+    (folder / f".step000003.ckpt.{os.getpid()}.tmp").symlink_to("/dev/full")
+    message = error_line(capsys, "fit", "--config", str(DEMO), "--config", "tiny.yaml", "--trainer.max_steps=6")
+    assert message.startswith("hf-transformer fit: error: no space left on the disk of ")
+    assert "runs/demo/checkpoints while writing step000003.ckpt" in message and "--ckpt_path last" in message
+    assert not list(folder.glob("*.ckpt"))
+
+
+def test_a_yaml_mistake_names_its_file_and_line(run_dir, capsys):
+    (run_dir / "mine.yaml").write_text("trainer:\n  max_steps: [3\n")
+    for option in (["--config", "mine.yaml"], ["--config=mine.yaml"]):
+        message = error_line(capsys, "fit", "--config", str(DEMO), *option)
+        assert message.startswith("hf-transformer fit: error: mine.yaml, line 3, column 1: expected ',' or ']'")
+        assert "(while parsing a flow sequence, line 2, column 14); fix the YAML syntax there" in message
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the configs run on this machine's GPUs")
+@pytest.mark.parametrize(("config", "expected"), [("fsdp", "asks for FSDP, which shards"), ("ddp", "sets trainer")])
+def test_gpu_configs_on_a_machine_without_gpus_say_what_to_use_instead(run_dir, capsys, config, expected):
+    path = DEMO.parent / "trainer" / f"{config}.yaml"
+    message = error_line(capsys, "fit", "--config", str(DEMO), "--config", "tiny.yaml", "--config", str(path))
+    assert f"{path} {expected}" in message and "--trainer.accelerator cpu" in message
+    assert not (run_dir / "runs").exists()  # before the tokenizer and the model are built
+
+
+def test_resuming_a_finished_run_says_there_is_nothing_to_train(run_dir, capsys):
+    fit("--trainer.max_steps=3")  # every run prints with LineProgress (lightning_modules/cli/defaults.yaml)
+    printed = capsys.readouterr().out
+    assert "Training from step 0/3 (" in printed and "step 1/3 | " in printed and "Trained 3 steps in " in printed
+    assert "Total FLOPs" not in printed  # Lightning's summary table is left out: it counted 0 FLOPs
+
+    fit("--trainer.max_steps=3", "--ckpt_path=last")
+    printed = capsys.readouterr().out
+    assert "Resuming from step 3/3 (" in printed
+    assert (
+        "Nothing to train: the run is at step 3, its trainer.max_steps. To train it further, resume with a "
+        "higher --trainer.max_steps" in printed
+    )
+    assert "Trained" not in printed and "validation: \n" not in printed
+    assert "Export it:   hf-transformer export runs/demo/checkpoints/last.ckpt exports/<name>" in printed
+
+    fit("--trainer.max_steps=6", "--ckpt_path=last")
+    printed = capsys.readouterr().out
+    assert (
+        "Resuming from step 3/6 (" in printed and "step 4/6 | " in printed and "Trained from step 3 to 6 in " in printed
+    )
+
+
+def test_summary_samples_are_distinct_and_spread_over_lengths():
+    from lightning_modules.callbacks import telling_samples
+
+    rows = [[source, "", ""] for source in ["6", "6", "3", "6", "17", "482", "4821", "300000", "17", "99"]]
+    assert [row[0] for row in telling_samples(rows, 3)] == ["3", "99", "4821"]
+    assert [row[0] for row in telling_samples(rows[:3], 3)] == ["6", "3"]

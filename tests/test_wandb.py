@@ -173,7 +173,8 @@ def test_offline_run_file_holds_hyperparameters_and_metrics(offline_run):
 
 def test_offline_run_file_holds_the_sample_translations(offline_run):
     """`val/samples` is logged once (after validation, not during a sanity check) as a table of source, reference and
-    hypothesis for the first `num_logged_samples` validation pairs; the table's rows are in the run folder."""
+    hypothesis for `num_logged_samples` validation pairs of distinct sources; the table's rows are in the run
+    folder."""
     records, run_dir = offline_run
     (table,) = values_of(history_of(records), "val/samples")
     assert table["_type"] == "table-file"

@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerForConditionalGeneration
 from hf_transformer.errors import UserError
-from hf_transformer.export.folder import export_marian_from_folder
+from hf_transformer.export.folder import check_model_folder, export_marian_from_folder
 
 from ..checkpoint import (
     average_checkpoints,
@@ -33,7 +33,9 @@ def main(argv: list[str]) -> None:
     )
     parser.add_argument("checkpoint", help="a .ckpt file (best, last), or with --average the checkpoint folder")
     parser.add_argument("folder", help="where to write the Hugging Face model folder")
-    parser.add_argument("--average", type=int, default=None, metavar="N", help="average the last N step checkpoints")
+    parser.add_argument(
+        "--average", type=_positive, default=None, metavar="N", help="average the last N step checkpoints"
+    )
     parser.add_argument(
         "--format",
         choices=["hf-transformer", "marian", "ctranslate2"],
@@ -46,9 +48,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--quantization", help="with --format ctranslate2: the stored weight type, e.g. int8 (default: float32)"
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a folder that is not empty (files of the same names are replaced)",
+    )
     args = parser.parse_args(argv)
     if args.quantization and args.format != "ctranslate2":
         parser.error("--quantization applies to --format ctranslate2 only")
+    check_output_folder(Path(args.folder), args.overwrite)
     source = Path(args.checkpoint)
     from_folder = args.format != "hf-transformer" and source.is_dir() and (source / "config.json").exists()
     if from_folder:
@@ -75,6 +83,7 @@ def main(argv: list[str]) -> None:
             from hf_transformer.export.ctranslate2 import to_ctranslate2
 
             if from_folder:
+                check_model_folder(source)
                 model = TransformerForConditionalGeneration.from_pretrained(source)
                 tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
             else:
@@ -85,3 +94,29 @@ def main(argv: list[str]) -> None:
             raise
         raise UserError(str(err)) from err
     print(f"Exported to {folder}")
+
+
+def check_output_folder(folder: Path, overwrite: bool) -> None:
+    """Refuse, before any work, a path that is a file, and a folder whose files the export would replace (a model
+    card edited by hand, another model) unless `overwrite`."""
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{folder} is a file: give the path of a new or empty folder to export into")
+    if overwrite or not folder.is_dir():
+        return
+    names = sorted(path.name for path in folder.iterdir())
+    if names:
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        raise UserError(
+            f"{folder} is not empty ({shown}): export into a new or empty folder, or add --overwrite to replace its "
+            "files"
+        )
+
+
+def _positive(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number

@@ -14,13 +14,15 @@ from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from hf_transformer import TransformerConfig
-from hf_transformer.errors import ConfigError
+from hf_transformer.errors import ConfigError, UserError
+from hf_transformer.export.folder import saved_config
 from hf_transformer.scoring import format_scores, translation_scores
 
 from ..callbacks import ResumableCheckpoint
 from ..checkpoint import read_checkpoint
 from ..data import TranslationDataModule
 from ..module import TranslationModule, check_module_arguments, check_resumable
+from .checks import check_config_files, check_devices, check_last_checkpoint, check_model_source
 
 
 def _is_not_an_advertisement(record: logging.LogRecord) -> bool:
@@ -47,6 +49,11 @@ class TranslationArgumentParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # a tentative parse inside jsonargparse, which catches the error
             super().error(message, ex)
+        cause = ex
+        while cause is not None and not isinstance(cause, UserError):  # e.g. raised by a link's function
+            cause = cause.__cause__
+        if cause is not None:
+            raise cause  # its own message names the problem and the fix
         parser = getattr(ex, "subcommand_parser", None) or self
         valid_keys = list(parser.get_defaults().keys())
         # model.config is one dict-valued option: offer its fields too (--model.d_model -> --model.config.d_model).
@@ -62,7 +69,7 @@ class TranslationArgumentParser(LightningArgumentParser):
 def model_positions(preset: str, config: dict[str, Any] | None, init_from: str | None) -> int:
     """The number of positions of the model that `TranslationModule` builds from these settings."""
     if init_from is not None:
-        return TransformerConfig.from_pretrained(init_from).max_position_embeddings
+        return saved_config(init_from).max_position_embeddings
     if config and "max_position_embeddings" in config:
         return config["max_position_embeddings"]
     return TransformerConfig.from_preset(preset).max_position_embeddings
@@ -114,6 +121,8 @@ class TranslationCLI(LightningCLI):
             )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        if args is None or isinstance(args, list):
+            check_config_files(sys.argv[1:] if args is None else args)
         super().parse_arguments(parser, args)
         # LightningCLI reads the hyperparameters of a --ckpt_path file next, and names no file when it cannot.
         ckpt_path = self.config.get(f"{self.config.get('subcommand')}.ckpt_path")
@@ -130,7 +139,15 @@ class TranslationCLI(LightningCLI):
                 "trainer.enable_checkpointing=false: every run checkpoints (to resume, to average, to export); write "
                 "fewer with a larger checkpoint.every_n_train_steps or a smaller checkpoint.save_top_k"
             )
+        check_devices(config.trainer, config.config or [])
+        if self.subcommand:
+            check_model_source(self.subcommand, config.ckpt_path, config.model.init_from)
         place_in_run_folder(config)
+
+    def before_fit(self) -> None:
+        check_last_checkpoint(self.subcommand, self.config_init[self.subcommand].ckpt_path, self.trainer)
+
+    before_validate = before_test = before_predict = before_fit
 
     def after_test(self) -> None:
         """Write the test hypotheses, one per line in test-set order, and every score a paper might report (each

@@ -1,0 +1,110 @@
+"""Checks of a training command line that LightningCLI would otherwise leave to a traceback, or let pass and do the
+wrong thing (evaluate a freshly initialised model, train from step 0 when asked to resume). Each raises a `UserError`
+that names the file or option and the fix."""
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import yaml
+from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
+
+from hf_transformer.errors import CheckpointNotFound, ConfigError
+
+from ..callbacks import relative_to_cwd
+
+# `ckpt_path` values that Lightning resolves itself rather than reading a file of that name.
+SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
+EVALUATION_COMMANDS = ("validate", "test", "predict")
+
+
+def check_config_files(args: list[str]) -> None:
+    """Name the --config file that is not valid YAML, and where (jsonargparse's message names no file)."""
+    for option, value in zip(args, [*args[1:], ""], strict=True):
+        if option.startswith("--config="):
+            option, value = "--config", option.removeprefix("--config=")
+        path = Path(value)
+        if option != "--config" or not path.is_file():
+            continue
+        try:
+            yaml.safe_load(path.read_text())
+        except yaml.MarkedYAMLError as error:
+            where = f"{path}{_at(error.problem_mark)}: {error.problem}"
+            if error.context:
+                where += f" ({error.context}{_at(error.context_mark)})"
+            raise ConfigError(f"{where}; fix the YAML syntax there") from error
+
+
+def _at(mark: yaml.Mark | None) -> str:
+    return f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+
+
+def check_devices(trainer: Any, config_files: list[Any]) -> None:
+    """Refuse GPU settings on a machine without a GPU before the data and the model are built (Lightning stops only
+    when it builds the trainer, with a traceback)."""
+    accelerator = str(trainer.accelerator)
+    fsdp = "fsdp" in str(trainer.strategy).lower()
+    cuda = CUDAAccelerator.is_available()
+    if fsdp and not cuda:
+        raise ConfigError(
+            f"{_origin(config_files, 'strategy')} asks for FSDP, which shards a model across CUDA GPUs, but torch "
+            "finds none on this machine. Train on the CPU without that config (one process), or with DDP across CPU "
+            "processes: --trainer.accelerator cpu --trainer.strategy ddp --trainer.devices 2"
+        )
+    if accelerator in ("gpu", "cuda") and not (cuda or (accelerator == "gpu" and MPSAccelerator.is_available())):
+        raise ConfigError(
+            f"{_origin(config_files, 'accelerator')} sets trainer.accelerator: {accelerator}, but torch finds no GPU "
+            "on this machine. Leave that config out, or set --trainer.accelerator cpu (DDP also runs on CPU "
+            "processes: --trainer.devices 2)"
+        )
+
+
+def _origin(config_files: list[Any], key: str) -> str:
+    """The last config file that sets trainer.`key`, or the command line."""
+    origin = "the command line"
+    for path in config_files:
+        try:
+            settings = yaml.safe_load(Path(str(path)).read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(settings, dict) and key in (settings.get("trainer") or {}):
+            origin = str(path)
+    return origin
+
+
+def check_model_source(subcommand: str, ckpt_path: str | None, init_from: str | None) -> None:
+    """Refuse to evaluate a freshly initialised model (validate/test/predict without a checkpoint or a saved model)
+    and a --ckpt_path file that does not exist, before the data is prepared."""
+    if ckpt_path is None and init_from is None and subcommand in EVALUATION_COMMANDS:
+        raise CheckpointNotFound(
+            f"no model to {subcommand}: without --ckpt_path or --model.init_from it would be a freshly initialised "
+            "one. Pass a checkpoint of a run (--ckpt_path last, or --ckpt_path runs/<run>/checkpoints/last.ckpt) or "
+            "an exported model folder (--model.init_from exports/<name>)"
+        )
+    if ckpt_path is not None and ckpt_path not in SPECIAL_CKPT_PATHS and not Path(ckpt_path).is_file():
+        raise CheckpointNotFound(f"--ckpt_path {ckpt_path}: no such file. Pass a .ckpt file written by a run")
+
+
+def check_last_checkpoint(subcommand: str, ckpt_path: str | None, trainer: pl.Trainer) -> None:
+    """`--ckpt_path last` finds a checkpoint or stops: Lightning, finding none, warns and goes on with a freshly
+    initialised model (`fit` from step 0)."""
+    if ckpt_path != "last":
+        return
+    folders = [Path(callback.dirpath) for callback in trainer.checkpoint_callbacks if callback.dirpath]
+    if not folders:
+        raise CheckpointNotFound(
+            "--ckpt_path last: the checkpoint callback has no dirpath, so every run writes a new folder and there is "
+            "no last checkpoint to find. Pin its dirpath in the config, or pass the file (--ckpt_path PATH)"
+        )
+    if any(path.is_file() for folder in folders for path in folder.glob("last*.ckpt")):
+        return
+    where = ", ".join(str(relative_to_cwd(folder)) for folder in folders)
+    if subcommand == "fit":
+        raise CheckpointNotFound(
+            f"--ckpt_path last: nothing to resume, {where} holds no last.ckpt. Start a new run without --ckpt_path, "
+            "or give the checkpoint callback the dirpath of the run to resume"
+        )
+    raise CheckpointNotFound(
+        f"--ckpt_path last: {where} holds no last.ckpt, so there is no model to {subcommand}. Pass a checkpoint "
+        "file (--ckpt_path PATH), or train first"
+    )
