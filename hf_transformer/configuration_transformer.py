@@ -73,7 +73,7 @@ class TransformerConfig(PretrainedConfig):
     """
 
     model_type = "vaswani_transformer"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]  # the cache, named so before and from transformers 5.24
     attribute_map = {
         "hidden_size": "d_model",
         "num_attention_heads": "encoder_attention_heads",

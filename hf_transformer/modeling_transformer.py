@@ -6,7 +6,6 @@ plumbing (attention backends, masks, cache, generation, save/load) is Hugging Fa
 arguments (hidden states, mask, cache); the mask's type, `PackedMask` (`efficiency.py`), lets them skip padding.
 """
 
-import inspect
 import math
 from collections.abc import Callable
 
@@ -28,15 +27,11 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
 
+from .compat import CACHE_NAME, accepts_past_key_values
 from .configuration_transformer import TransformerConfig
 from .efficiency import PackedMask, apply_dropout, reorder_self_attention_cache, training_flops
 from .integrity import VerifiedLoading, check_positions, check_token_ids
 from .loss import IGNORE_INDEX, shift_tokens_right, target_span, translation_loss
-
-# transformers 5.24 renamed the key/value cache from `past_key_values` to `cache`: in forward arguments, in the fields
-# of model outputs and in the mask helpers. Saved folders run this file under the user's release (any from 5.4 on), so
-# the model takes both names and builds outputs and masks with the one the installed release knows.
-CACHE_NAME = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
 
 def scaled_dot_product_attention(
@@ -461,6 +456,7 @@ class TransformerModel(TransformerPreTrainedModel):
             self.decoder.embed_tokens = resized
         self.encoder.embed_tokens = value
 
+    @accepts_past_key_values
     @can_return_tuple
     def forward(
         self,
@@ -532,6 +528,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
     # Beam search in `generate()` calls this at every step to make the cache follow the surviving beams.
     _reorder_cache = staticmethod(reorder_self_attention_cache)
 
+    @accepts_past_key_values
     @can_return_tuple
     def forward(
         self,
@@ -551,7 +548,6 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         num_items_in_batch: int | torch.Tensor | None = None,
         label_smoothing: float | None = None,
         return_logits: bool | None = None,
-        past_key_values: Cache | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput:
         r"""
@@ -562,7 +558,6 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
             summed loss is divided by it instead of by this batch's, so that every token weighs equally.
         label_smoothing: this call's epsilon_ls instead of `config.label_smoothing` (0.0: the plain log-likelihood).
         return_logits: with `labels`, logits are computed only when asked (the loss never holds them all, `loss.py`).
-        past_key_values: `cache` under its name before transformers 5.24 (whose `generate()` passes it so).
         """
         if labels is not None:
             check_token_ids(labels, self.config.vocab_size, ignore_index=IGNORE_INDEX, name="labels")
@@ -577,7 +572,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
             decoder_input_ids,
             decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            cache=cache if cache is not None else past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,

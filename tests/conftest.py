@@ -11,6 +11,9 @@ from hf_transformer import TransformerConfig, TransformerForConditionalGeneratio
 from lightning_modules import TranslationDataModule, TranslationModule
 from lightning_modules.tokenization import train_bpe_tokenizer
 
+# transformers' own test modules, which test_hf_contract.py runs: they hold mixins, not tests of their own.
+collect_ignore = ["upstream"]
+
 
 @pytest.fixture(autouse=True)
 def _offline_and_seeded(monkeypatch, tmp_path):

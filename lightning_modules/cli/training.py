@@ -98,7 +98,10 @@ class TranslationCLI(LightningCLI):
             TranslationDataModule,
             args=args,
             parser_class=TranslationArgumentParser,
-            parser_kwargs={
+            # Without a subcommand (run=False, as in tests and notebooks) the one parser reads the defaults itself.
+            parser_kwargs={"prog": "hf-transformer", "default_config_files": [DEFAULTS]}
+            if not kwargs.get("run", True)
+            else {
                 "prog": "hf-transformer",
                 **{command: {"default_config_files": [DEFAULTS]} for command in ("fit", "validate", "test")},
             },

@@ -1,0 +1,247 @@
+"""The Hugging Face contract, tested by transformers' own common model tests (`tests/upstream/`, from the sdist of
+the installed release, unchanged), set up the way transformers sets them up for Marian."""
+
+import copy
+import unittest
+from collections.abc import Callable
+from unittest import mock
+
+import pytest
+import torch
+import upstream
+from conftest import TINY_CONFIG, copy_task_batch, make_tiny_config, trained_model
+from transformers import AutoModelForSeq2SeqLM, CompileConfig
+from transformers.exporters.exporter_dynamo import DynamoConfig, DynamoExporter
+from transformers.exporters.runners import ModelRunner
+from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
+
+upstream.fetch_upstream_tests()
+
+from upstream.generation.test_utils import GenerationTesterMixin  # noqa: E402
+from upstream.test_configuration_common import ConfigTester  # noqa: E402
+from upstream.test_modeling_common import ModelTesterMixin, ids_tensor  # noqa: E402
+
+from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TransformerModel  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _known_to_transformers():
+    """The common tests find a class's role (base model, sequence-to-sequence head) by its name in transformers' own
+    tables, where Marian is listed and a model outside the library is not: list ours for these tests."""
+    model_type = TransformerConfig.model_type
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(MODEL_MAPPING_NAMES, model_type, TransformerModel.__name__)
+        head = TransformerForConditionalGeneration.__name__
+        patch.setitem(MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES, model_type, head)
+        yield
+
+
+class TransformerModelTester:
+    """Tiny configs and inputs for the common tests, as `MarianModelTester` makes them for Marian."""
+
+    def __init__(self, parent, batch_size=13, seq_length=7, vocab_size=99, hidden_size=16, num_hidden_layers=2):
+        self.parent = parent
+        self.batch_size = batch_size
+        self.seq_length = seq_length
+        self.is_training = True
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = 4
+        self.intermediate_size = 4
+
+    def get_config(self) -> TransformerConfig:
+        return TransformerConfig(
+            vocab_size=self.vocab_size,
+            d_model=self.hidden_size,
+            encoder_layers=self.num_hidden_layers,
+            decoder_layers=self.num_hidden_layers,
+            encoder_attention_heads=self.num_attention_heads,
+            decoder_attention_heads=self.num_attention_heads,
+            encoder_ffn_dim=self.intermediate_size,
+            decoder_ffn_dim=self.intermediate_size,
+            activation_function="gelu",
+            dropout=0.1,
+            attention_dropout=0.1,
+            max_position_embeddings=20,
+        )
+
+    def prepare_config_and_inputs(self) -> tuple[TransformerConfig, dict]:
+        config = self.get_config()
+        input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size).clamp(3)
+        input_ids[:, -1] = config.eos_token_id
+        decoder_input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size)
+        inputs = {
+            "input_ids": input_ids,
+            "attention_mask": input_ids.ne(config.pad_token_id),
+            "decoder_input_ids": decoder_input_ids,
+            "decoder_attention_mask": decoder_input_ids.ne(config.pad_token_id),
+        }
+        return config, inputs
+
+    def prepare_config_and_inputs_for_common(self) -> tuple[TransformerConfig, dict]:
+        return self.prepare_config_and_inputs()
+
+
+class TransformerModelTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
+    all_model_classes = (TransformerModel, TransformerForConditionalGeneration)
+    is_encoder_decoder = True
+    test_missing_keys = False
+
+    def setUp(self):
+        self.model_tester = TransformerModelTester(self)
+        self.config_tester = ConfigTester(self, config_class=TransformerConfig, has_text_modality=False)
+
+    def test_config(self):
+        self.config_tester.run_common_tests()
+
+    @unittest.skip(
+        "asks that the loss given labels be the plain cross-entropy of the returned logits, differentiable through "
+        "them; ours is the paper's label-smoothed loss (config.label_smoothing, section 5.4), computed chunk by chunk "
+        "from the decoder's outputs so that all the logits are never held (hf_transformer/loss.py), and returns logits "
+        "with labels only when asked (return_logits=True). test_modeling.py checks that loss against F.cross_entropy "
+        "with the same smoothing on those logits, unshifted labels included."
+    )
+    def test_encoder_decoder_loss_no_double_shift(self):
+        pass
+
+
+# What upstream's GenerationTesterMixin and ExportTesterMixin would test (see tests/upstream/README.md), and the
+# documented entry points that users call: each works on a small trained model, or is refused with a clear message.
+
+
+@pytest.fixture(scope="module")
+def copy_model() -> TransformerForConditionalGeneration:
+    """A model trained to copy (`trained_model`): outputs that vary from row to row and end at different lengths."""
+    torch.manual_seed(0)
+    return trained_model(make_tiny_config())
+
+
+def sources(seed: int, size: int = 4) -> dict[str, torch.Tensor]:
+    source, attention_mask, _ = copy_task_batch(size, TINY_CONFIG["vocab_size"], torch.Generator().manual_seed(seed))
+    return {"input_ids": source, "attention_mask": attention_mask}
+
+
+def compiled_decoding() -> CompileConfig:
+    """`generate()` compiles its decoding step only on GPUs unless told otherwise: `_compile_all_devices` is how
+    transformers' own tests compile it on a CPU."""
+    compile_config = CompileConfig(fullgraph=True)
+    compile_config._compile_all_devices = True
+    return compile_config
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_a_static_cache_gives_the_default_caches_tokens(copy_model, num_beams):
+    inputs = {**sources(seed=1), "num_beams": num_beams, "max_new_tokens": 10}
+    assert torch.equal(copy_model.generate(**inputs, cache_implementation="static"), copy_model.generate(**inputs))
+
+
+@pytest.mark.slow
+def test_compiled_decoding_gives_the_default_caches_tokens(copy_model):
+    """generate() compiles the decoding step of greedy search and sampling (transformers 5.24's beam search calls the
+    model uncompiled) when the cache is static: the whole step in one graph (`fullgraph=True`)."""
+    # float64: the compiled graph sums in another order, and in float32 a near tie could go either way.
+    model = copy.deepcopy(copy_model).to(torch.float64)
+    inputs = {**sources(seed=1), "num_beams": 1, "max_new_tokens": 10}
+    compiled = model.generate(**inputs, cache_implementation="static", compile_config=compiled_decoding())
+    assert hasattr(model, "_compiled_call"), "generate() did not compile its decoding step"
+    assert torch.equal(compiled, model.generate(**inputs))
+
+
+def test_from_pretrained_takes_a_state_dict_a_device_map_and_a_dtype(copy_model, tmp_path):
+    inputs = {**sources(seed=2), "num_beams": 1, "max_new_tokens": 10}
+    expected = copy_model.generate(**inputs)
+    state_dict = copy_model.state_dict()
+    loaded = TransformerForConditionalGeneration.from_pretrained(None, config=copy_model.config, state_dict=state_dict)
+    assert torch.equal(loaded.generate(**inputs), expected)
+    copy_model.save_pretrained(tmp_path)
+    assert torch.equal(AutoModelForSeq2SeqLM.from_pretrained(tmp_path, device_map="cpu").generate(**inputs), expected)
+    assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path, dtype="auto").dtype == torch.float32  # as saved
+    for dtype in ({"dtype": torch.bfloat16}, {"torch_dtype": torch.bfloat16}):  # torch_dtype: the name before v5
+        model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, **dtype)
+        assert {parameter.dtype for parameter in model.parameters()} == {torch.bfloat16}
+        assert model.generate(**inputs).shape[0] == len(expected)
+
+
+def test_generate_returns_what_it_is_asked_for(copy_model):
+    inputs = {**sources(seed=3), "max_new_tokens": 6, "min_new_tokens": 6}
+    beams = copy_model.generate(
+        **inputs, num_beams=4, num_return_sequences=3, output_scores=True, return_dict_in_generate=True
+    )
+    assert beams.sequences.shape == (4 * 3, 7) and beams.sequences_scores.shape == (4 * 3,)
+    assert len(beams.scores) == 6 and beams.scores[0].shape == (4 * 4, TINY_CONFIG["vocab_size"])
+    greedy = copy_model.generate(
+        **inputs,
+        num_beams=1,
+        output_scores=True,
+        output_logits=True,
+        output_attentions=True,
+        output_hidden_states=True,
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(torch.stack(greedy.scores).argmax(-1).T, greedy.sequences[:, 1:])  # after min_new_tokens
+    assert len(greedy.logits) == 6 and greedy.logits[0].shape == (4, TINY_CONFIG["vocab_size"])
+    assert len(greedy.decoder_attentions) == len(greedy.cross_attentions) == len(greedy.decoder_hidden_states) == 6
+    assert len(greedy.encoder_attentions) == TINY_CONFIG["encoder_layers"]
+
+
+def test_assisted_decoding_gives_greedy_search_tokens(copy_model):
+    torch.manual_seed(1)
+    assistant = trained_model(TransformerConfig(**{**TINY_CONFIG, "encoder_layers": 1, "decoder_layers": 1}), steps=30)
+    inputs = sources(seed=4)
+    for row in range(len(inputs["input_ids"])):  # transformers assists one sentence at a time
+        source = inputs["input_ids"][row : row + 1, : int(inputs["attention_mask"][row].sum())]
+        greedy = copy_model.generate(source, num_beams=1, max_new_tokens=10)
+        assert torch.equal(
+            copy_model.generate(source, num_beams=1, max_new_tokens=10, assistant_model=assistant), greedy
+        )
+        assert torch.equal(
+            copy_model.generate(source, num_beams=1, max_new_tokens=10, prompt_lookup_num_tokens=3), greedy
+        )
+    with pytest.raises(ValueError, match="only supported for batch_size = 1"):
+        copy_model.generate(**inputs, num_beams=1, assistant_model=assistant)
+
+
+def exported_program(runner: ModelRunner) -> Callable:
+    """Call an exported program with the model's keyword arguments, leaving out those it was not traced with
+    (`use_cache`, `return_dict`)."""
+    return lambda **kwargs: runner(**{key: value for key, value in kwargs.items() if key in runner.metadata.kwargs})
+
+
+def onnx_exporter() -> tuple[DynamoExporter, DynamoConfig]:
+    pytest.importorskip("onnxscript", reason="ONNX export needs the onnx extra: pip install 'hf-transformer[onnx]'")
+    pytest.importorskip("onnxruntime", reason="running ONNX programs needs the onnx extra (onnxruntime)")
+    from transformers.exporters.configs import OnnxConfig
+    from transformers.exporters.exporter_onnx import OnnxExporter
+
+    return OnnxExporter(), OnnxConfig(dynamic=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["torch.export", "onnx"])
+def test_exported_prefill_and_decode_programs_give_generates_tokens(copy_model, backend):
+    """transformers' exporter traces a real `generate()` into two programs with torch.export: the decoder's first
+    step (prefill) and its later steps (decode); the encoder, which `generate()` runs before them, is exported as a
+    third. Driven by `generate()` in place of the model, they give its tokens on other sources. A static cache sizes
+    the self-attention keys and values once; the tree of a cache also records the batch size and the source length
+    (transformers 5.24), so the programs take batches of the traced shape: pad to it. The ONNX exporter converts the
+    same programs with torch's own ONNX exporter, and they run on ONNX Runtime."""
+    generation_config = copy.deepcopy(copy_model.generation_config)
+    generation_config.update(num_beams=1, cache_implementation="static", max_cache_len=16)
+    exporter, dynamic = (DynamoExporter(), DynamoConfig(dynamic=True)) if backend == "torch.export" else onnx_exporter()
+    traced = sources(seed=1)
+    decoder = exporter.export_for_generation(copy_model, traced, dynamic, generation_config=generation_config)
+    encoder = exporter.export(copy_model.get_encoder(), traced, dynamic)
+    prefill, decode = (exported_program(decoder.runners[name]) for name in ("prefill", "decode"))
+
+    def decoder_step(**kwargs):
+        return (prefill if kwargs["cache"].get_seq_length() == 0 else decode)(**kwargs)
+
+    for seed in (2, 3, 4):  # other sources and other padding, the traced shape
+        inputs = {**sources(seed), "max_new_tokens": 12}
+        expected = copy_model.generate(**inputs, num_beams=1)
+        with (
+            mock.patch.object(copy_model, "forward", decoder_step),
+            mock.patch.object(copy_model.get_encoder(), "forward", exported_program(encoder.runners["model"])),
+        ):
+            assert torch.equal(copy_model.generate(**inputs, generation_config=generation_config), expected)

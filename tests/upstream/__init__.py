@@ -1,0 +1,41 @@
+"""transformers' own common model tests, run against this package by `tests/test_hf_contract.py` (see README.md)."""
+
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import transformers
+
+HERE = Path(__file__).resolve().parent
+# The files of transformers' tests/ that the PyPI sdist ships and that the contract tests run, unchanged.
+UPSTREAM_FILES = ("test_modeling_common.py", "test_configuration_common.py")
+# Downloads are kept between runs (10 MB): a fresh machine fetches them once.
+DOWNLOADS = Path.home() / ".cache" / "hf-transformer-tests"
+UNREACHABLE = ("Could not find a version", "No matching distribution", "NewConnectionError", "Temporary failure")
+
+
+def fetch_upstream_tests(version: str = transformers.__version__) -> None:
+    """Put `UPSTREAM_FILES` of the transformers `version` sdist (the installed release by default) beside this file,
+    unchanged, or skip the calling test module saying why when the package registry cannot be reached."""
+    marker = HERE / ".version"
+    if marker.exists() and marker.read_text() == version and all((HERE / name).exists() for name in UPSTREAM_FILES):
+        return
+    sdist = DOWNLOADS / f"transformers-{version}.tar.gz"
+    if not sdist.exists():
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(DOWNLOADS)]
+            + [f"transformers=={version}"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if result.returncode != 0 or not sdist.exists():
+            if any(message in result.stderr for message in UNREACHABLE):
+                pytest.skip(f"cannot download the transformers=={version} sdist: {result.stderr[-300:]}", True)
+            raise AssertionError(result.stderr[-3000:] or f"pip download did not write {sdist}")
+    with tarfile.open(sdist) as archive:
+        for name in UPSTREAM_FILES:
+            (HERE / name).write_bytes(archive.extractfile(f"transformers-{version}/tests/{name}").read())
+    marker.write_text(version)
