@@ -45,6 +45,19 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# The fields that decide the shapes of the weights (a checkpoint of other values is another model).
+SHAPE_FIELDS = (
+    "vocab_size",
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+)
+
+
 @strict
 class TransformerConfig(PretrainedConfig):
     r"""
@@ -122,17 +135,7 @@ class TransformerConfig(PretrainedConfig):
     def check_values(self) -> None:
         """Sizes must be positive, heads must divide d_model, dropouts lie in [0, 1), special ids index the
         vocabulary. Raises ValueError naming the field and the value."""
-        for field in (
-            "vocab_size",
-            "d_model",
-            "encoder_layers",
-            "decoder_layers",
-            "encoder_attention_heads",
-            "decoder_attention_heads",
-            "encoder_ffn_dim",
-            "decoder_ffn_dim",
-            "max_position_embeddings",
-        ):
+        for field in (*SHAPE_FIELDS, "max_position_embeddings"):
             value = getattr(self, field)
             if value <= 0:
                 raise ValueError(f"TransformerConfig.{field} must be a positive integer, got {value}.")

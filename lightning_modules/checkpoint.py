@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline
+from hf_transformer.configuration_transformer import SHAPE_FIELDS
 from hf_transformer.errors import CheckpointError, CheckpointNotFound, DiskFull
 from hf_transformer.export.folder import make_shareable
 from hf_transformer.export.marian import to_marian
@@ -129,19 +130,6 @@ def tokenizer_from_checkpoint(checkpoint: dict[str, Any]) -> PreTrainedTokenizer
 def tokenizer_state(tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
     """What `tokenizer_from_checkpoint` needs, as plain values."""
     return {"json": tokenizer.backend_tokenizer.to_str(), "special_tokens": dict(tokenizer.special_tokens_map)}
-
-
-# The TransformerConfig fields that decide the shapes of the weights.
-SHAPE_FIELDS = (
-    "vocab_size",
-    "d_model",
-    "encoder_layers",
-    "decoder_layers",
-    "encoder_attention_heads",
-    "decoder_attention_heads",
-    "encoder_ffn_dim",
-    "decoder_ffn_dim",
-)
 
 
 def check_same_model(

@@ -90,6 +90,13 @@ def place_in_run_folder(config: Namespace) -> None:
 DEFAULTS = str(Path(__file__).with_name("defaults.yaml"))
 
 
+def _defaults_for(run: bool) -> dict[str, Any]:
+    """Where the parser reads DEFAULTS: in each subcommand's parser, or, without a subcommand (run=False, as in tests
+    and notebooks), in the one parser there is."""
+    defaults = {"default_config_files": [DEFAULTS]}
+    return {command: defaults for command in ("fit", "validate", "test")} if run else defaults
+
+
 class TranslationCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
         _quiet_output()
@@ -98,13 +105,7 @@ class TranslationCLI(LightningCLI):
             TranslationDataModule,
             args=args,
             parser_class=TranslationArgumentParser,
-            # Without a subcommand (run=False, as in tests and notebooks) the one parser reads the defaults itself.
-            parser_kwargs={"prog": "hf-transformer", "default_config_files": [DEFAULTS]}
-            if not kwargs.get("run", True)
-            else {
-                "prog": "hf-transformer",
-                **{command: {"default_config_files": [DEFAULTS]} for command in ("fit", "validate", "test")},
-            },
+            parser_kwargs={"prog": "hf-transformer", **_defaults_for(run=kwargs.get("run", True))},
             trainer_defaults={"use_distributed_sampler": False},  # the data module shards its token-budget batches
             save_config_kwargs={"overwrite": True},
             **kwargs,
