@@ -49,6 +49,21 @@ def inverse_sqrt_lr_lambda(peak_lr: float, warmup_steps: int) -> Callable[[int],
     return lr_lambda
 
 
+def with_cooldown(lr_lambda: Callable[[int], float], cooldown_steps: int, max_steps: int) -> Callable[[int], float]:
+    """`lr_lambda` until `cooldown_steps` before `max_steps`, then a linear decay from its value there to 0 at
+    `max_steps` (the cool-down of warm-up-stable-decay schedules, Hägele et al. 2024, "Scaling Laws and Compute-Optimal
+    Training Beyond Fixed Training Durations"): a run of known length ends at a low learning rate, where the inverse
+    square root alone would still be high."""
+    start = max_steps - cooldown_steps
+
+    def cooled(step: int) -> float:
+        if step < start:
+            return lr_lambda(step)
+        return lr_lambda(start) * max(0.0, (max_steps - step) / cooldown_steps)
+
+    return cooled
+
+
 def noam_lr_lambda(d_model: int, warmup_steps: int, factor: float = 1.0) -> Callable[[int], float]:
     """The paper's lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (section 5.3): the inverse square
     root curve with its peak, factor * (d_model * warmup)^-0.5, at step `warmup_steps`."""
@@ -96,6 +111,7 @@ def check_training_settings(hparams: dict[str, Any]) -> None:
         "eps": (lambda value: value > 0, "must be positive (the paper uses 1e-9)"),
         "betas": (lambda value: all(0 <= beta < 1 for beta in value), "must both be in [0, 1) (the paper: 0.9, 0.98)"),
         "weight_decay": (lambda value: value >= 0, "must be at least 0"),
+        "cooldown_steps": (lambda value: value >= 0, "must be at least 0 (0: no cool-down)"),
     }
     for name, (is_valid, rule) in rules.items():
         if not is_valid(hparams[name]):
@@ -131,6 +147,8 @@ class TranslationModule(pl.LightningModule):
         betas: Adam's beta1 and beta2 (0.9 and 0.98 in the paper).
         eps: Adam's epsilon (1e-9 in the paper).
         weight_decay: AdamW's decoupled weight decay (none in the paper).
+        cooldown_steps: the last `cooldown_steps` of `trainer.max_steps` decay the learning rate linearly to 0; 0 (the
+            paper) keeps the inverse square root to the end.
         generation: GenerationConfig fields for validation and the saved model, over the paper's beam 4 and length
             penalty 0.6, e.g. {num_beams: 2}.
         compile: run the training loss (forward, loss and the loss's gradients) as one `torch.compile` graph with
@@ -149,6 +167,7 @@ class TranslationModule(pl.LightningModule):
         betas: tuple[float, float] = (0.9, 0.98),
         eps: float = 1e-9,
         weight_decay: float = 0.0,
+        cooldown_steps: int = 0,
         generation: dict[str, Any] | None = None,
         compile: bool = False,
     ):
@@ -224,6 +243,15 @@ class TranslationModule(pl.LightningModule):
             lr_lambda = noam_lr_lambda(self.model.config.d_model, hparams.warmup_steps)
         else:
             lr_lambda = inverse_sqrt_lr_lambda(hparams.peak_lr, hparams.warmup_steps)
+        if hparams.cooldown_steps:
+            max_steps = self.trainer.max_steps
+            if not hparams.warmup_steps + hparams.cooldown_steps <= max_steps:
+                raise ConfigError(
+                    f"model.cooldown_steps={hparams.cooldown_steps} needs trainer.max_steps ({max_steps}) of at least "
+                    f"model.warmup_steps + model.cooldown_steps ({hparams.warmup_steps + hparams.cooldown_steps}): the "
+                    "cool-down ends at trainer.max_steps"
+                )
+            lr_lambda = with_cooldown(lr_lambda, hparams.cooldown_steps, max_steps)
         # One fused kernel for all parameters on GPUs (Adam was 13% of an eager step's GPU time), one multi-tensor
         # loop elsewhere.
         fused = self.device.type == "cuda"

@@ -7,14 +7,17 @@ import sys
 import textwrap
 from types import SimpleNamespace
 
+import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import TINY_CONFIG
 
 from hf_transformer import loss
+from hf_transformer.errors import ConfigError
 from hf_transformer.loss import linear_cross_entropy, translation_loss
 from lightning_modules import TranslationDataModule, TranslationModule
+from lightning_modules.module import inverse_sqrt_lr_lambda
 
 
 def tiny_module(vocab_size: int = 64, **overrides) -> TranslationModule:
@@ -196,6 +199,32 @@ def test_learning_rate_of_each_update_is_the_schedules_formula(peak):
     for update in (1, 2, warmup - 1, warmup, warmup + 1, 2 * warmup, 4 * warmup):
         assert learning_rates[update] == pytest.approx(formula(update), rel=1e-12), update
     assert max(learning_rates, key=learning_rates.get) == warmup
+
+
+def test_cooldown_decays_the_schedule_linearly_to_zero_at_max_steps():
+    """With cooldown_steps, the inverse square root holds until `cooldown_steps` before trainer.max_steps, then the
+    rate falls on a straight line to 0 at the last update; a cool-down that would overlap the warm-up is refused."""
+    warmup, cooldown, max_steps = 10, 20, 50
+    module = tiny_module(warmup_steps=warmup, peak_lr=3e-3, cooldown_steps=cooldown)
+    module.trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_checkpointing=False)
+    optimization = module.configure_optimizers()
+    optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
+    learning_rates = []
+    for _ in range(max_steps):
+        learning_rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    inverse_sqrt = inverse_sqrt_lr_lambda(3e-3, warmup)
+    start = max_steps - cooldown
+    assert learning_rates[:start] == pytest.approx([inverse_sqrt(step) for step in range(start)], rel=1e-12)
+    decay = learning_rates[start:]
+    steps = torch.diff(torch.tensor(decay, dtype=torch.float64))
+    assert torch.allclose(steps, steps[0].expand_as(steps), rtol=1e-9)  # a straight line...
+    assert learning_rates[-1] == pytest.approx(-steps[0].item(), rel=1e-9)  # ...whose next update would be at 0
+
+    module.trainer = pl.Trainer(max_steps=warmup + cooldown - 1, logger=False, enable_checkpointing=False)
+    with pytest.raises(ConfigError, match="model.cooldown_steps=20 needs trainer.max_steps"):
+        module.configure_optimizers()
 
 
 def test_throughput_reads_nothing_from_the_device_between_the_steps_that_log(monkeypatch):
