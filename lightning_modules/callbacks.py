@@ -128,6 +128,9 @@ class ResumableCheckpoint(ModelCheckpoint):
     - A run folder that was moved or copied resumes as the same run: the checkpoint paths in its state are read in
       the folder where it is now (Lightning forgets them, then writes `last-v1.ckpt` beside a `last.ckpt` that stays
       at the old step).
+    - Training that ends between two step checkpoints (trainer.max_steps, max_time or max_epochs reached) saves its
+      final state as `last.ckpt`: Lightning saves only on the step interval, and export and resume would otherwise
+      miss the steps since the last one.
     - When training stops on an exception (SIGTERM, Ctrl-C, a crash), the state is saved as `last.ckpt` (no extra step
       checkpoint, so the saved steps stay regular) unless it is there already, the weights are not finite, the
       exception is a non-finite loss (a diverging state is no place to resume from) or the disk is full; then the way
@@ -217,6 +220,18 @@ class ResumableCheckpoint(ModelCheckpoint):
         super().on_validation_end(trainer, pl_module)
         self._saved_step = self._saving_step
 
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        if self.save_last and self._saved_step is not None and self._saved_step != trainer.global_step:
+            self._save_last_now(trainer)
+
+    def _save_last_now(self, trainer: pl.Trainer) -> None:
+        """The state at this step as `last.ckpt`, without a step checkpoint (the saved steps stay regular)."""
+        path = self.format_checkpoint_name({"step": trainer.global_step}, self.CHECKPOINT_NAME_LAST)
+        trainer.save_checkpoint(path, weights_only=False)
+        self.last_model_path = path
+        self._saved_step = trainer.global_step
+
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         self.run_id = checkpoint.get(RUN_ID, self.run_id)
 
@@ -237,9 +252,7 @@ class ResumableCheckpoint(ModelCheckpoint):
             if self._saved_step != trainer.global_step:
                 if non_finite_tensors(pl_module.named_parameters()):
                     return
-                path = self.format_checkpoint_name({"step": trainer.global_step}, self.CHECKPOINT_NAME_LAST)
-                trainer.save_checkpoint(path, weights_only=False)
-                self.last_model_path = path
+                self._save_last_now(trainer)
             if trainer.is_global_zero and self.last_model_path:
                 cause = INTERRUPTIONS.get(type(exception), type(exception).__name__)
                 print(

@@ -6,10 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
 from lightning_modules import TranslationDataModule, TranslationModule
 from lightning_modules.tokenization import train_bpe_tokenizer
+
+DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"  # the quick demo, which tests train in
 
 # transformers' own test modules, which test_hf_contract.py runs: they hold mixins, not tests of their own.
 collect_ignore = ["upstream"]
@@ -228,3 +232,16 @@ def load_without_the_package(
         return result.stderr
     assert result.returncode == 0, result.stderr[-3000:]
     return torch.load(work / "outputs.pt")
+
+
+def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    """One token per id (<pad> 0, <s> 1, </s> 2, <unk> 3, then w4, w5, ...), appending </s>: ids and text convert
+    into each other exactly, so the copy task's token sequences can go through text."""
+    vocab = {token: index for index, token in enumerate(["<pad>", "<s>", "</s>", "<unk>"])}
+    vocab.update({f"w{index}": index for index in range(4, vocab_size)})
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )

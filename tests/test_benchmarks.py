@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import multi30k_dir
+from conftest import DEMO, multi30k_dir
 
 from lightning_modules.cli import main
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 # speed.py at the smallest size that still runs every model: one round of one step on a 256-token batch, on every
 # device (on a CUDA GPU the bf16 section runs too, as tiny).
 TINY_SPEED = ("--sizes", "small", "--repeats", "1", "--steps", "1", "--max-tokens", "256", "--vocab-size", "300")

@@ -6,13 +6,18 @@ tie, and beam search, whose ranking of hypotheses compares scores at every step,
 sentences (95% where the stopping rules are the same)."""
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import copy_task_batch, equal_fraction, make_tiny_config, parts_only_at_near_ties, trained_model
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
+from conftest import (
+    DEMO,
+    copy_task_batch,
+    equal_fraction,
+    make_tiny_config,
+    parts_only_at_near_ties,
+    trained_model,
+    word_tokenizer,
+)
 
 from hf_transformer import TransformerForConditionalGeneration, translate
 from hf_transformer.translate import beam_search
@@ -22,21 +27,7 @@ from lightning_modules.cli import main
 pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed: pip install 'hf-transformer[ctranslate2]'")
 from hf_transformer.export.ctranslate2 import CTranslate2Translator, to_ctranslate2  # noqa: E402
 
-DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 MAX_LENGTH_OFFSET = 5  # short enough that some outputs of the copy task run into the limit
-
-
-def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
-    """One token per id (<pad> 0, <s> 1, </s> 2, <unk> 3, then w4, w5, ...), appending </s>: ids and text convert
-    into each other exactly, so the copy task's token sequences can go through text."""
-    vocab = {token: index for index, token in enumerate(["<pad>", "<s>", "</s>", "<unk>"])}
-    vocab.update({f"w{index}": index for index in range(4, vocab_size)})
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
 
 
 @pytest.fixture(scope="module")

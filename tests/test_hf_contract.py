@@ -1,16 +1,17 @@
 """The Hugging Face contract, tested by transformers' own common model tests (`tests/upstream/`, from the sdist of
 the installed release, unchanged), set up the way transformers sets them up for Marian."""
 
+import contextlib
 import copy
 import unittest
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from unittest import mock
 
 import pytest
 import torch
 import upstream
-from conftest import TINY_CONFIG, copy_task_batch, make_tiny_config, trained_model
-from transformers import AutoModelForSeq2SeqLM, CompileConfig
+from conftest import DEMO, TINY_CONFIG, copy_task_batch, make_tiny_config, trained_model, word_tokenizer
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, CompileConfig
 from transformers.exporters.exporter_dynamo import DynamoConfig, DynamoExporter
 from transformers.exporters.runners import ModelRunner
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
@@ -22,6 +23,7 @@ from upstream.test_configuration_common import ConfigTester  # noqa: E402
 from upstream.test_modeling_common import ModelTesterMixin, ids_tensor  # noqa: E402
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TransformerModel  # noqa: E402
+from lightning_modules.cli import main  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -208,40 +210,96 @@ def exported_program(runner: ModelRunner) -> Callable:
     return lambda **kwargs: runner(**{key: value for key, value in kwargs.items() if key in runner.metadata.kwargs})
 
 
-def onnx_exporter() -> tuple[DynamoExporter, DynamoConfig]:
-    pytest.importorskip("onnxscript", reason="ONNX export needs the onnx extra: pip install 'hf-transformer[onnx]'")
-    pytest.importorskip("onnxruntime", reason="running ONNX programs needs the onnx extra (onnxruntime)")
-    from transformers.exporters.configs import OnnxConfig
-    from transformers.exporters.exporter_onnx import OnnxExporter
-
-    return OnnxExporter(), OnnxConfig(dynamic=True)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("backend", ["torch.export", "onnx"])
-def test_exported_prefill_and_decode_programs_give_generates_tokens(copy_model, backend):
-    """transformers' exporter traces a real `generate()` into two programs with torch.export: the decoder's first
-    step (prefill) and its later steps (decode); the encoder, which `generate()` runs before them, is exported as a
-    third. Driven by `generate()` in place of the model, they give its tokens on other sources. A static cache sizes
-    the self-attention keys and values once; the tree of a cache also records the batch size and the source length
-    (transformers 5.24), so the programs take batches of the traced shape: pad to it. The ONNX exporter converts the
-    same programs with torch's own ONNX exporter, and they run on ONNX Runtime."""
-    generation_config = copy.deepcopy(copy_model.generation_config)
-    generation_config.update(num_beams=1, cache_implementation="static", max_cache_len=16)
-    exporter, dynamic = (DynamoExporter(), DynamoConfig(dynamic=True)) if backend == "torch.export" else onnx_exporter()
-    traced = sources(seed=1)
-    decoder = exporter.export_for_generation(copy_model, traced, dynamic, generation_config=generation_config)
-    encoder = exporter.export(copy_model.get_encoder(), traced, dynamic)
-    prefill, decode = (exported_program(decoder.runners[name]) for name in ("prefill", "decode"))
+@contextlib.contextmanager
+def programs_in_place(
+    model: TransformerForConditionalGeneration, encoder: ModelRunner, prefill: ModelRunner, decode: ModelRunner
+) -> Iterator[None]:
+    """`generate()` runs exported programs in place of the model's own forward passes: the encoder's, then the
+    decoder's first step (empty cache) and its later steps."""
+    prefill, decode = exported_program(prefill), exported_program(decode)
 
     def decoder_step(**kwargs):
         return (prefill if kwargs["cache"].get_seq_length() == 0 else decode)(**kwargs)
 
+    with (
+        mock.patch.object(model, "forward", decoder_step),
+        mock.patch.object(model.get_encoder(), "forward", exported_program(encoder)),
+    ):
+        yield
+
+
+@pytest.mark.slow
+def test_exported_prefill_and_decode_programs_give_generates_tokens(copy_model):
+    """transformers' exporter traces a real `generate()` into two programs with torch.export: the decoder's first
+    step (prefill) and its later steps (decode); the encoder, which `generate()` runs before them, is exported as a
+    third. Driven by `generate()` in place of the model, they give its tokens on other sources. A static cache sizes
+    the self-attention keys and values once; the tree of a cache also records the batch size and the source length
+    (transformers 5.24), so the programs take batches of the traced shape: pad to it."""
+    generation_config = copy.deepcopy(copy_model.generation_config)
+    generation_config.update(num_beams=1, cache_implementation="static", max_cache_len=16)
+    exporter, dynamic = DynamoExporter(), DynamoConfig(dynamic=True)
+    traced = sources(seed=1)
+    decoder = exporter.export_for_generation(copy_model, traced, dynamic, generation_config=generation_config)
+    encoder = exporter.export(copy_model.get_encoder(), traced, dynamic)
+    programs = (encoder.runners["model"], decoder.runners["prefill"], decoder.runners["decode"])
     for seed in (2, 3, 4):  # other sources and other padding, the traced shape
         inputs = {**sources(seed), "max_new_tokens": 12}
         expected = copy_model.generate(**inputs, num_beams=1)
-        with (
-            mock.patch.object(copy_model, "forward", decoder_step),
-            mock.patch.object(copy_model.get_encoder(), "forward", exported_program(encoder.runners["model"])),
-        ):
+        with programs_in_place(copy_model, *programs):
             assert torch.equal(copy_model.generate(**inputs, generation_config=generation_config), expected)
+
+
+@pytest.mark.slow
+def test_onnx_export_folder_runs_on_onnx_runtime_and_gives_generates_tokens(copy_model, tmp_path):
+    """`to_onnx` (`export --format onnx`) writes the encoder's and the decoder's programs, converted by torch's own
+    ONNX exporter, into a folder that transformers' `ExportedModel.from_pretrained` loads on ONNX Runtime; driven by
+    `generate()`, they give its tokens on sources of the shape they were traced for."""
+    for module in ("onnxruntime", "onnxscript"):
+        pytest.importorskip(module, reason="the ONNX export needs the onnx extra: pip install 'hf-transformer[onnx]'")
+    from transformers.exporters import ExportedModel
+
+    from hf_transformer.export.onnx import PROGRAMS, to_onnx
+
+    batch_size, source_length = sources(seed=1)["input_ids"].shape
+    folder = to_onnx(
+        copy_model,
+        word_tokenizer(copy_model.config.vocab_size),
+        tmp_path / "onnx",
+        batch_size=batch_size,
+        source_length=source_length,
+        max_length=16,
+    )
+    exported = ExportedModel.from_pretrained(folder)
+    assert exported.export_format == "onnx" and list(exported.components) == list(PROGRAMS)
+    assert sorted(path.suffix for path in folder.glob("*.onnx")) == [".onnx"] * len(PROGRAMS)
+    assert AutoTokenizer.from_pretrained(folder).model_max_length == source_length
+    for seed in (2, 3, 4):
+        inputs = {**sources(seed), "max_new_tokens": 12}
+        expected = copy_model.generate(**inputs, num_beams=1)
+        with programs_in_place(copy_model, *map(exported.runners.get, PROGRAMS)):
+            assert torch.equal(copy_model.generate(**inputs, generation_config=exported.generation_config), expected)
+
+    with pytest.raises(ValueError, match="source_length=999: the model takes 2 to 64 tokens"):
+        to_onnx(copy_model, word_tokenizer(copy_model.config.vocab_size), tmp_path / "long", source_length=999)
+
+
+@pytest.mark.slow
+def test_export_command_writes_onnx_programs_from_a_checkpoint(run_dir, capsys):
+    """`hf-transformer export CHECKPOINT FOLDER --format onnx` with the shape options: the programs of that shape, the
+    configs and the tokenizer; the shape options with another format are refused."""
+    for module in ("onnxruntime", "onnxscript"):
+        pytest.importorskip(module, reason="the ONNX export needs the onnx extra: pip install 'hf-transformer[onnx]'")
+    from transformers.exporters import ExportedModel
+
+    main(["fit", "--config", str(DEMO), "--config", "tiny.yaml", "--trainer.max_steps=2"])
+    checkpoint = str(run_dir / "runs/demo/checkpoints/last.ckpt")
+    main(["export", checkpoint, "onnx", "--format", "onnx", "--batch-size", "2", "--source-length", "12"])
+    exported = ExportedModel.from_pretrained(run_dir / "onnx")
+    encoder = exported.runners["encoder"]
+    inputs = {"input_ids": torch.full((2, 12), 5), "attention_mask": torch.ones(2, 12, dtype=torch.long)}
+    assert encoder(**inputs).last_hidden_state.shape == (2, 12, exported.config.d_model)
+    assert exported.generation_config.max_cache_len == exported.config.max_position_embeddings
+
+    with pytest.raises(SystemExit):
+        main(["export", checkpoint, "marian", "--format", "marian", "--source-length", "12"])
+    assert "--source-length applies to --format onnx only" in capsys.readouterr().err

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
+from conftest import DEMO
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_transformer import TransformerForConditionalGeneration
@@ -30,7 +31,6 @@ from lightning_modules.checkpoint import (
 from lightning_modules.cli import main, run
 from lightning_modules.module import noam_lr_lambda
 
-DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 CONFIGS = sorted(DEMO.parent.glob("*.yaml"))  # the experiments; configs/trainer/ holds trainer settings to compose
 
 
@@ -115,6 +115,14 @@ def test_resume_mid_epoch_ends_with_the_same_weights(run_dir):
     assert resumed["global_step"] == uninterrupted["global_step"] == 12
     for name, tensor in uninterrupted["state_dict"].items():
         torch.testing.assert_close(resumed["state_dict"][name], tensor, atol=1e-6, rtol=0, msg=name)
+
+
+def test_training_that_ends_between_step_checkpoints_saves_its_last_steps(run_dir):
+    """max_steps 4 with a checkpoint every 3 steps: last.ckpt holds step 4 (not 3), and resumes from it."""
+    fit("--trainer.max_steps=4")
+    assert checkpoint_steps(run_dir) == {"step000003.ckpt": 3, "last.ckpt": 4}
+    fit("--trainer.max_steps=7", "--ckpt_path=last")
+    assert checkpoint_steps(run_dir) == {"step000003.ckpt": 3, "step000006.ckpt": 6, "last.ckpt": 7}
 
 
 def test_bf16_mixed_trains_on_cpu(run_dir):

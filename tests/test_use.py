@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_config
+from conftest import DEMO, make_tiny_config
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline, translate
 from hf_transformer.attention import alignment, attention_maps, format_alignment
@@ -338,8 +338,7 @@ data: {bpe_vocab_size: 60, synthetic_train_size: 64, synthetic_eval_size: 4, max
 def test_every_validation_draws_the_attention_of_one_sentence_into_the_run_folder(run_dir):
     pytest.importorskip("matplotlib", reason="plotting needs matplotlib: pip install 'hf-transformer[plot]'")
     (run_dir / "attention.yaml").write_text(ATTENTION_RUN)
-    demo = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
-    main(["fit", "--config", str(demo), "--config", "attention.yaml", "--trainer.max_steps=4"])
+    main(["fit", "--config", str(DEMO), "--config", "attention.yaml", "--trainer.max_steps=4"])
     images = sorted(path.name for path in run_dir.glob("runs/demo/logs/version_*/attention/*.png"))
     assert images == ["step000002.png", "step000004.png"]  # not the sanity check's
 

@@ -38,15 +38,24 @@ def main(argv: list[str]) -> None:
     )
     parser.add_argument(
         "--format",
-        choices=["hf-transformer", "marian", "ctranslate2"],
+        choices=["hf-transformer", "marian", "ctranslate2", "onnx"],
         default="hf-transformer",
         help="hf-transformer: this model with its code (loads with trust_remote_code=True); marian: the same model as "
         "a stock MarianMTModel, which loads without remote code (post-LN models only); ctranslate2: a CTranslate2 "
-        "model (post-LN models only; needs pip install 'hf-transformer[ctranslate2]'). With marian and ctranslate2, "
-        "the source may also be an exported folder.",
+        "model (post-LN models only; needs pip install 'hf-transformer[ctranslate2]'); onnx: ONNX programs of the "
+        "encoder and the decoder's steps for ONNX Runtime (needs pip install 'hf-transformer[onnx]'). With marian, "
+        "ctranslate2 and onnx, the source may also be an exported folder.",
     )
     parser.add_argument(
         "--quantization", help="with --format ctranslate2: the stored weight type, e.g. int8 (default: float32)"
+    )
+    onnx = parser.add_argument_group("with --format onnx: the shape the programs take (fixed by the static cache)")
+    onnx.add_argument("--batch-size", type=_positive, default=1, help="sources per call (default: 1)")
+    onnx.add_argument(
+        "--source-length", type=_positive, help="source tokens per row, padded (default: the model's positions)"
+    )
+    onnx.add_argument(
+        "--max-length", type=_positive, help="output tokens, the start token included (default: the model's positions)"
     )
     parser.add_argument(
         "--overwrite",
@@ -56,6 +65,9 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.quantization and args.format != "ctranslate2":
         parser.error("--quantization applies to --format ctranslate2 only")
+    given = [f"--{name.replace('_', '-')}" for name in ("source_length", "max_length") if getattr(args, name)]
+    if args.format != "onnx" and (given or args.batch_size != 1):
+        parser.error(f"{', '.join(given) or '--batch-size'} applies to --format onnx only")
     check_output_folder(Path(args.folder), args.overwrite)
     source = Path(args.checkpoint)
     from_folder = args.format != "hf-transformer" and source.is_dir() and (source / "config.json").exists()
@@ -79,21 +91,38 @@ def main(argv: list[str]) -> None:
                 if from_folder
                 else export_marian(checkpoint, args.folder)
             )
+        elif from_folder:
+            check_model_folder(source)
+            model = TransformerForConditionalGeneration.from_pretrained(source)
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
+            folder = convert(model, tokenizer, args)
         else:
-            from hf_transformer.export.ctranslate2 import to_ctranslate2
-
-            if from_folder:
-                check_model_folder(source)
-                model = TransformerForConditionalGeneration.from_pretrained(source)
-                tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
-            else:
-                model, tokenizer = model_from_checkpoint(checkpoint), tokenizer_from_checkpoint(checkpoint)
-            folder = to_ctranslate2(model, tokenizer, args.folder, quantization=args.quantization)
-    except (ImportError, ValueError) as err:  # ctranslate2 missing, a pre-LN model, an unknown quantization
+            folder = convert(model_from_checkpoint(checkpoint), tokenizer_from_checkpoint(checkpoint), args)
+    except (ImportError, ValueError) as err:  # an extra missing, a pre-LN model, an unknown quantization, a length
         if isinstance(err, UserError):
             raise
         raise UserError(str(err)) from err
     print(f"Exported to {folder}")
+
+
+def convert(
+    model: TransformerForConditionalGeneration, tokenizer: PreTrainedTokenizerFast, args: argparse.Namespace
+) -> Path:
+    """Write `model` in the runtime format `args.format` (ctranslate2, onnx); the converters import their extras."""
+    if args.format == "ctranslate2":
+        from hf_transformer.export.ctranslate2 import to_ctranslate2
+
+        return to_ctranslate2(model, tokenizer, args.folder, quantization=args.quantization)
+    from hf_transformer.export.onnx import to_onnx
+
+    return to_onnx(
+        model,
+        tokenizer,
+        args.folder,
+        batch_size=args.batch_size,
+        source_length=args.source_length,
+        max_length=args.max_length,
+    )
 
 
 def check_output_folder(folder: Path, overwrite: bool) -> None:
