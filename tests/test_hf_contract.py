@@ -10,7 +10,16 @@ from unittest import mock
 import pytest
 import torch
 import upstream
-from conftest import DEMO, TINY_CONFIG, copy_task_batch, make_tiny_config, trained_model, word_tokenizer
+from conftest import (
+    DEMO,
+    TINY_CONFIG,
+    copy_task_batch,
+    make_tiny_config,
+    output_rows,
+    parts_only_at_near_ties,
+    trained_model,
+    word_tokenizer,
+)
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, CompileConfig
 from transformers.exporters.exporter_dynamo import DynamoConfig, DynamoExporter
 from transformers.exporters.runners import ModelRunner
@@ -273,11 +282,17 @@ def test_onnx_export_folder_runs_on_onnx_runtime_and_gives_generates_tokens(copy
     assert exported.export_format == "onnx" and list(exported.components) == list(PROGRAMS)
     assert sorted(path.suffix for path in folder.glob("*.onnx")) == [".onnx"] * len(PROGRAMS)
     assert AutoTokenizer.from_pretrained(folder).model_max_length == source_length
+    eos = copy_model.config.eos_token_id
     for seed in (2, 3, 4):
         inputs = {**sources(seed), "max_new_tokens": 12}
-        expected = copy_model.generate(**inputs, num_beams=1)
+        expected = output_rows(copy_model.generate(**inputs, num_beams=1), eos)
         with programs_in_place(copy_model, *map(exported.runners.get, PROGRAMS)):
-            assert torch.equal(copy_model.generate(**inputs, generation_config=exported.generation_config), expected)
+            onnx_rows = output_rows(copy_model.generate(**inputs, generation_config=exported.generation_config), eos)
+        # ONNX Runtime's kernels sum in another order than torch's: equal tokens but where two score within rounding.
+        for source, mask, ours, theirs in zip(
+            inputs["input_ids"], inputs["attention_mask"], expected, onnx_rows, strict=True
+        ):
+            assert parts_only_at_near_ties(copy_model, source[mask.bool()].tolist(), ours, theirs), (ours, theirs)
 
     with pytest.raises(ValueError, match="source_length=999: the model takes 2 to 64 tokens"):
         to_onnx(copy_model, word_tokenizer(copy_model.config.vocab_size), tmp_path / "long", source_length=999)

@@ -296,6 +296,9 @@ def test_sigterm_saves_a_checkpoint_that_resumes(run_dir, stop, name):
             while not (run_dir / "runs/demo/checkpoints/last.ckpt").exists():
                 assert time.monotonic() < deadline and process.poll() is None, "training did not start"
                 time.sleep(0.5)
+            # Not the instant last.ckpt appears, while the callback may still be writing a checkpoint: a Ctrl-C there
+            # ends the run in torch.save's RuntimeError ("unexpected pos") instead of the message (open, README).
+            time.sleep(1)
             process.send_signal(stop)
             try:
                 process.wait(timeout=120)
