@@ -6,7 +6,11 @@ import errno
 import os
 import pickle
 import shutil
+import signal
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,34 +54,59 @@ def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
         raise unreadable_checkpoint(path, error) from error
 
 
+@contextmanager
+def signals_deferred(signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Hold `signals` until the block ends, then act on them as their handlers would have. A Ctrl-C raises
+    KeyboardInterrupt wherever Python is; inside torch.save's zip writer it broke the write (torch.save's
+    RuntimeError "unexpected pos") and the run ended without saving its state. Only the main thread receives signals;
+    elsewhere the block runs as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {number: signal.signal(number, lambda number, _frame: received.append(number)) for number in signals}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for number in received:
+            if callable(previous[number]):
+                previous[number](number, None)
+            elif previous[number] == signal.SIG_DFL:
+                signal.raise_signal(number)
+
+
 def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
     """`torch.save` into a temporary file beside `path`, flushed to disk, then renamed over `path`: a crash at any
-    moment leaves either the previous file or the complete new one under that name, never a part of one."""
+    moment leaves either the previous file or the complete new one under that name, never a part of one, and a
+    Ctrl-C or SIGTERM during the write is acted on once it is done."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # hidden, and no *.ckpt for the folder's readers
-    try:
-        with open(temporary, "wb") as file:
-            torch.save(checkpoint, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)  # atomic within one filesystem, which a file beside the target guarantees
-    except (OSError, RuntimeError) as error:
-        if _is_disk_full(error):
-            raise DiskFull(
-                f"no space left on the disk of {path.parent} while writing {path.name} "
-                f"({shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB free there); the checkpoints written before "
-                "are intact. Free space there, or write checkpoints to another disk (dirpath of the checkpoint "
-                "callback), then resume with --ckpt_path last"
-            ) from error
-        raise
-    finally:
-        temporary.unlink(missing_ok=True)
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)  # the rename itself survives a power cut once the folder's entry is on disk
-    finally:
-        os.close(folder)
+    with signals_deferred():
+        try:
+            with open(temporary, "wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)  # atomic within one filesystem, which a file beside the target guarantees
+        except (OSError, RuntimeError) as error:
+            if _is_disk_full(error):
+                raise DiskFull(
+                    f"no space left on the disk of {path.parent} while writing {path.name} "
+                    f"({shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB free there); the checkpoints written "
+                    "before are intact. Free space there, or write checkpoints to another disk (dirpath of the "
+                    "checkpoint callback), then resume with --ckpt_path last"
+                ) from error
+            raise
+        finally:
+            temporary.unlink(missing_ok=True)
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)  # the rename itself survives a power cut once the folder's entry is on disk
+        finally:
+            os.close(folder)
 
 
 def _is_disk_full(error: BaseException) -> bool:

@@ -27,6 +27,7 @@ from lightning_modules.checkpoint import (
     export,
     load_checkpoint,
     model_from_checkpoint,
+    save_atomically,
 )
 from lightning_modules.cli import main, run
 from lightning_modules.module import noam_lr_lambda
@@ -296,10 +297,7 @@ def test_sigterm_saves_a_checkpoint_that_resumes(run_dir, stop, name):
             while not (run_dir / "runs/demo/checkpoints/last.ckpt").exists():
                 assert time.monotonic() < deadline and process.poll() is None, "training did not start"
                 time.sleep(0.5)
-            # Not the instant last.ckpt appears, while the callback may still be writing a checkpoint: a Ctrl-C there
-            # ends the run in torch.save's RuntimeError ("unexpected pos") instead of the message (open, README).
-            time.sleep(1)
-            process.send_signal(stop)
+            process.send_signal(stop)  # the instant last.ckpt appears: the next checkpoint may be being written
             try:
                 process.wait(timeout=120)
             except subprocess.TimeoutExpired:
@@ -319,6 +317,26 @@ def test_sigterm_saves_a_checkpoint_that_resumes(run_dir, stop, name):
     target = (saved // 3 + 1) * 3  # the next step at which tiny.yaml writes a checkpoint
     fit(f"--trainer.max_steps={target}", "--ckpt_path=last")
     assert load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")["global_step"] == target
+
+
+class SendsCtrlC:
+    """Pickled by torch.save, it presses Ctrl-C in the middle of the checkpoint's write."""
+
+    def __reduce__(self) -> tuple:
+        signal.raise_signal(signal.SIGINT)
+        return (int, (7,))
+
+
+def test_a_ctrl_c_during_a_checkpoint_write_stops_the_run_after_the_write(tmp_path):
+    """Python raises KeyboardInterrupt wherever it is: inside torch.save's writer it broke the write ("unexpected
+    pos") and the run ended without its state. The write finishes first, then the Ctrl-C acts as it would have."""
+    path = tmp_path / "step=3.ckpt"
+    with pytest.raises(KeyboardInterrupt):
+        save_atomically({"weights": torch.arange(10_000.0), "interrupt": SendsCtrlC(), "global_step": 3}, path)
+    saved = torch.load(path, weights_only=False)
+    assert saved["global_step"] == 3 and saved["interrupt"] == 7 and torch.equal(saved["weights"], torch.arange(1e4))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert [p.name for p in tmp_path.iterdir()] == ["step=3.ckpt"]  # no temporary file left
 
 
 def test_test_command_writes_hypotheses_in_test_set_order_and_labelled_scores(run_dir, capsys):
