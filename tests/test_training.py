@@ -331,11 +331,16 @@ def test_a_ctrl_c_during_a_checkpoint_write_stops_the_run_after_the_write(tmp_pa
     """Python raises KeyboardInterrupt wherever it is: inside torch.save's writer it broke the write ("unexpected
     pos") and the run ended without its state. The write finishes first, then the Ctrl-C acts as it would have."""
     path = tmp_path / "step=3.ckpt"
-    with pytest.raises(KeyboardInterrupt):
-        save_atomically({"weights": torch.arange(10_000.0), "interrupt": SendsCtrlC(), "global_step": 3}, path)
+    # Python's own Ctrl-C handler, as in a terminal: a run started as a background job inherits an ignored SIGINT.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            save_atomically({"weights": torch.arange(10_000.0), "interrupt": SendsCtrlC(), "global_step": 3}, path)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     saved = torch.load(path, weights_only=False)
     assert saved["global_step"] == 3 and saved["interrupt"] == 7 and torch.equal(saved["weights"], torch.arange(1e4))
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert [p.name for p in tmp_path.iterdir()] == ["step=3.ckpt"]  # no temporary file left
 
 
