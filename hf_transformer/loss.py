@@ -14,8 +14,12 @@ import math
 
 import torch
 
-# The fp32 logits of one chunk stay under this size (the chunk count is rounded so that chunks are equal).
+# The fp32 logits of one chunk stay under this size (the chunk count is rounded so that chunks are equal). On a CPU, a
+# chunk that stays in the last-level cache from the projection through the softmax to the gradient is faster: 8 MiB made
+# the training step of configs/multi30k.yaml 10% shorter on a 2-core EPYC (medians; 2 MiB was slower than either). On an
+# accelerator, large chunks keep the kernels busy.
 LOGITS_CHUNK_BYTES = 256 * 2**20
+CPU_LOGITS_CHUNK_BYTES = 8 * 2**20
 IGNORE_INDEX = -100
 
 
@@ -72,10 +76,11 @@ def linear_cross_entropy(
 ) -> torch.Tensor:
     """Summed label-smoothed cross-entropy of the logits `hidden @ weight.T` ([tokens, d_model] @ [d_model, vocab]) at
     `labels` ([tokens], -100 ignored): equal to `F.cross_entropy(hidden @ weight.T, labels, label_smoothing=...,
-    reduction="sum")` in value and gradients, with fp32 logits for at most `LOGITS_CHUNK_BYTES` at a time. Under
-    autocast the projection runs in the autocast dtype (as `F.linear` would) and the softmax in fp32."""
-    logits_bytes = hidden.shape[0] * weight.shape[0] * 4
-    num_chunks = max(1, math.ceil(logits_bytes / LOGITS_CHUNK_BYTES))
+    reduction="sum")` in value and gradients, with fp32 logits for at most `LOGITS_CHUNK_BYTES` at a time
+    (`CPU_LOGITS_CHUNK_BYTES` on a CPU). Under autocast the projection runs in the autocast dtype (as `F.linear` would)
+    and the softmax in fp32."""
+    chunk_bytes = CPU_LOGITS_CHUNK_BYTES if hidden.device.type == "cpu" else LOGITS_CHUNK_BYTES
+    num_chunks = max(1, math.ceil(hidden.shape[0] * weight.shape[0] * 4 / chunk_bytes))
     compute_gradients = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     return _LinearCrossEntropy.apply(hidden, weight, labels, label_smoothing, num_chunks, compute_gradients)
 

@@ -34,10 +34,10 @@ def padded_batch(vocab_size: int = 64) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
-@pytest.mark.parametrize("chunk_bytes", [loss.LOGITS_CHUNK_BYTES, 1000])
+@pytest.mark.parametrize("chunk_bytes", [loss.CPU_LOGITS_CHUNK_BYTES, 1000])
 def test_linear_cross_entropy_equals_cross_entropy_in_value_and_gradients(monkeypatch, label_smoothing, chunk_bytes):
     """One chunk, and chunks of a few tokens each: the same loss and gradients as the full fp32 logits."""
-    monkeypatch.setattr(loss, "LOGITS_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(loss, "CPU_LOGITS_CHUNK_BYTES", chunk_bytes)
     hidden = torch.randn(50, 16, requires_grad=True)
     weight = torch.randn(37, 16, requires_grad=True)
     labels = torch.randint(0, 37, (50,))
