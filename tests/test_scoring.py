@@ -1,5 +1,7 @@
 """`translation_scores`: every score a paper might report, each what its label says."""
 
+import logging
+
 import pytest
 from sacrebleu.metrics import BLEU
 
@@ -57,3 +59,13 @@ def test_the_printed_table_labels_each_score_with_how_it_was_computed():
     table = format_scores(translation_scores(REFERENCES, REFERENCES, "de"))
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in table and "case:lc" in table
     assert "multi-bleu.perl -lc" in table and "get_ende_bleu.sh" in table
+
+
+def test_a_whole_test_set_scores_without_sacrebleus_tokenized_input_warning(caplog: pytest.LogCaptureFixture) -> None:
+    # From 100 lines ending in " ." sacreBLEU warns that the input looks tokenized: the tokenized BLEUs are so on
+    # purpose, and a test set of 1,000 sentences would print that warning with every score.
+    references = REFERENCES * 60  # 120 lines, each ending in " ." once Moses-tokenized
+    with caplog.at_level(logging.WARNING, logger="sacrebleu"):
+        scores = by_name(references, references)
+    assert scores["tokenized BLEU, lowercased"] == pytest.approx(100)
+    assert not [record for record in caplog.records if "detokenize" in record.getMessage()]
