@@ -24,13 +24,16 @@ def train_bpe_tokenizer(texts: Iterable[list[str]], vocab_size: int, min_frequen
     """Train one BPE vocabulary shared by source and target on batches of sentences.
 
     NFKC normalisation and a Metaspace pre-tokenizer make `decode(encode(s))` give back `s` for ordinary text.
-    Digits are split one by one so that numbers are spelled out digit by digit (the synthetic task needs it; real
-    text loses little). Encoding appends `</s>` and no `<s>`: the model starts decoding from `<s>` itself.
+    Punctuation marks are tokens of their own, as the Moses tokenization that BPE vocabularies are usually learnt on
+    makes them: otherwise "Büsche." and "Büsche" share no token, and a 10,000-token Multi30k vocabulary spent 1,546
+    tokens on words glued to a mark ("▁Blumen.", "▁Frau,"). Digits are split one by one so that numbers are spelled
+    out digit by digit (the synthetic task needs it; real text loses little). Encoding appends `</s>` and no `<s>`:
+    the model starts decoding from `<s>` itself.
     """
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
     tokenizer.normalizer = normalizers.NFKC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Metaspace(), pre_tokenizers.Digits(individual_digits=True)]
+        [pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation(), pre_tokenizers.Digits(individual_digits=True)]
     )
     tokenizer.decoder = decoders.Metaspace()
     trainer = trainers.BpeTrainer(

@@ -308,6 +308,19 @@ def test_multi30k_german_round_trips_through_the_tokenizer(multi30k):
     assert sum(a == b for a, b in zip(decoded, german, strict=True)) >= 0.99 * len(german)
 
 
+def test_multi30k_vocabulary_keeps_punctuation_apart_from_words(multi30k):
+    """'Blumen.' and 'Blumen' must share the word's tokens; no vocabulary entry is spent on a word glued to a mark."""
+    tokenizer = multi30k.tokenizer
+    vocabulary = set(tokenizer.get_vocab()) - set(tokenizer.all_special_tokens)
+    glued = [
+        token
+        for token in vocabulary
+        if any(c.isalnum() for c in token) and any(unicodedata.category(c).startswith("P") for c in token)
+    ]
+    assert glued == []
+    assert tokenizer.tokenize("Blumen.") == [*tokenizer.tokenize("Blumen"), "."]
+
+
 # ----------------------------------------------------------------------------------------------------- Lightning
 class Recorder(pl.LightningModule):
     """Trains nothing; records each training batch and the sampler's plan for this rank."""
