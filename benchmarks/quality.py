@@ -75,14 +75,26 @@ def training_minutes(checkpoint: dict) -> float | None:
     return None
 
 
-def learning_curve(metrics_csv: Path, out: Path) -> None:
+def read_metrics(metrics_csvs: list[Path]) -> list[dict[str, str]]:
+    """The rows a run logged, from its `version_*` logs in order (one per start of the run): a resumed run redoes the
+    steps after its checkpoint, so a later log's rows replace the earlier ones from its first training step on."""
+    rows = []
+    for metrics_csv in metrics_csvs:
+        with open(metrics_csv) as file:
+            logged = [row for row in csv.DictReader(file) if row.get("step")]
+        trained = [int(row["step"]) for row in logged if row.get("train/loss")]  # each start logs data counts at 0
+        if trained:
+            rows = [row for row in rows if int(row["step"]) < min(trained)] + logged
+    return rows
+
+
+def learning_curve(metrics_csvs: list[Path], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with open(metrics_csv) as file:
-        rows = list(csv.DictReader(file))
+    rows = read_metrics(metrics_csvs)
     train = [(int(r["step"]), float(r["train/loss"])) for r in rows if r.get("train/loss")]
     val_loss = [(int(r["step"]), float(r["val/loss"])) for r in rows if r.get("val/loss")]
     val_bleu = [(int(r["step"]), float(r["val/bleu"])) for r in rows if r.get("val/bleu")]
@@ -143,7 +155,7 @@ def main() -> None:
     metrics = sorted(run.glob("logs/version_*/metrics.csv"), key=lambda path: int(path.parent.name[8:]))
     if metrics:
         plot = Path(args.out).with_name(Path(args.out).stem + "_learning_curve.png")
-        learning_curve(metrics[-1], plot)
+        learning_curve(metrics, plot)
         print(f"learning curve: {plot}")
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"Written to {args.out}")

@@ -73,6 +73,30 @@ def test_generation_benchmark_runs(tmp_path):
     assert set(generation) == {"greedy", "beam4", "batched_translate"}
 
 
+def test_precision_benchmark_times_every_precision_and_attention(tmp_path):
+    out = tmp_path / "precision.json"
+    quick = ("--rounds", "1", "--steps", "1", "--out", str(out))
+    stdout = run(str(BENCHMARKS / "precision.py"), "--config", str(DEMO), *quick, cwd=tmp_path)
+    report = json.loads(out.read_text())
+    settings = {f"{p}, {a}" for p in ("32-true", "bf16-mixed") for a in ("sdpa", "eager")}
+    assert set(report["target_tokens_per_sec"]) == settings and all(report["target_tokens_per_sec"].values())
+    assert report["ratio_to_fp32_sdpa"]["32-true, sdpa"] == 1.0
+    assert "bf16-mixed, eager" in stdout
+
+
+def test_learning_curve_of_a_resumed_run_joins_its_logs(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from quality import read_metrics
+
+    header = "epoch,step,train/loss,val/bleu\n"
+    first, second = tmp_path / "version_0.csv", tmp_path / "version_1.csv"
+    first.write_text(header + "0,0,,\n0,50,4.0,\n0,100,3.0,\n0,100,,20.0\n0,150,2.5,\n")  # died after step 150
+    second.write_text(header + "0,0,,\n0,150,2.4,\n0,200,2.0,\n")  # resumed from the checkpoint at step 125
+    losses = [(row["step"], row["train/loss"]) for row in read_metrics([first, second]) if row["train/loss"]]
+    assert losses == [("50", "4.0"), ("100", "3.0"), ("150", "2.4"), ("200", "2.0")]
+    assert [row["val/bleu"] for row in read_metrics([first, second]) if row["val/bleu"]] == ["20.0"]
+
+
 def test_padding_benchmark_runs(tmp_path):
     multi30k_dir()
     out = tmp_path / "padding.json"
