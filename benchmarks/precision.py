@@ -1,4 +1,4 @@
-"""A config's training step on this machine in each precision and attention backend, side by side.
+"""A config's training step on this machine (its CUDA GPU, else its CPU) in each precision and attention backend.
 
     MULTI30K_DIR=../shared/data/multi30k python benchmarks/precision.py --config configs/multi30k.yaml
     python benchmarks/precision.py --config configs/demo.yaml --rounds 2 --steps 2      # a quick look
@@ -32,7 +32,7 @@ ATTENTIONS = ("sdpa", "eager")
 def training_step(module, optimizers: dict, batch: dict, bf16: bool, clip: float | None) -> None:
     """One update as Lightning runs it: the module's loss under autocast for bf16-mixed, backward, clipping, the
     module's AdamW step and learning-rate schedule."""
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with torch.autocast(module.device.type, dtype=torch.bfloat16, enabled=bf16):
         loss = module.training_loss(batch)
     loss.backward()
     if clip:
@@ -53,11 +53,15 @@ def main() -> None:
     cli = TranslationCLI(args=[*configs, "--trainer.logger", "false"], run=False)
     data = cli.datamodule
     data.setup("fit")
-    batches = list(itertools.islice(data.train_dataloader(), args.steps * (args.rounds + 1)))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    batches = [
+        {name: value.to(device) for name, value in batch.items()}
+        for batch in itertools.islice(data.train_dataloader(), args.steps * (args.rounds + 1))
+    ]
     clip = cli.trainer.gradient_clip_val
     settings = {}
     for precision, attention in itertools.product(PRECISIONS, ATTENTIONS):
-        module = copy.deepcopy(cli.model).train()  # the same initial weights for every setting
+        module = copy.deepcopy(cli.model).to(device).train()  # the same initial weights for every setting
         module.model.set_attn_implementation(attention)
         settings[f"{precision}, {attention}"] = (module, module.configure_optimizers(), precision == "bf16-mixed")
     rates = {name: [] for name in settings}
@@ -66,21 +70,27 @@ def main() -> None:
         tokens = sum(int((batch["labels"] != -100).sum()) for batch in chunk)
         for name in settings if round_index % 2 == 0 else reversed(settings):
             module, optimizers, bf16 = settings[name]
+            if device.type == "cuda":
+                torch.cuda.synchronize()
             start = time.perf_counter()
             for batch in chunk:
                 training_step(module, optimizers, batch, bf16, clip)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
             if round_index:
                 rates[name].append(tokens / (time.perf_counter() - start))
     baseline = statistics.median(rates["32-true, sdpa"])
     report = {
         "config": args.config,
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "threads": torch.get_num_threads(),
         "rounds": args.rounds,
         "steps_per_round": args.steps,
         "target_tokens_per_sec": {name: statistics.median(values) for name, values in rates.items()},
     }
     report["ratio_to_fp32_sdpa"] = {name: rate / baseline for name, rate in report["target_tokens_per_sec"].items()}
-    print(f"Training step of {', '.join(args.config)}: target tokens/s, median of {args.rounds} rounds")
+    where = f"{', '.join(args.config)} on {report['device']}"
+    print(f"Training step of {where}: target tokens/s, median of {args.rounds} rounds")
     for name, rate in report["target_tokens_per_sec"].items():
         print(f"  {name:<20} {rate:8,.0f}  {report['ratio_to_fp32_sdpa'][name]:.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
