@@ -134,7 +134,7 @@ class TranslationDataModule(pl.LightningDataModule):
         rank_zero_info(
             f"Training a {hp.bpe_vocab_size}-token BPE tokenizer on split {hp.train_split!r} of {hp.dataset}"
         )
-        rows = self._raw_split(hp.train_split).iter(batch_size=1000)
+        rows = self.raw_pairs(hp.train_split).iter(batch_size=1000)
         sentences = (batch[side] for batch in rows for side in ("source_text", "target_text"))
         tokenizer = train_bpe_tokenizer(sentences, hp.bpe_vocab_size, hp.bpe_min_frequency)
         if hp.tokenizer_dir is not None:
@@ -153,8 +153,8 @@ class TranslationDataModule(pl.LightningDataModule):
     def _split_name(self, role: str) -> str:
         return self.hparams[f"{role}_split"]
 
-    def _raw_split(self, split: str) -> Dataset:
-        """The pairs of a split as `source_text`/`target_text`, loaded once."""
+    def raw_pairs(self, split: str) -> Dataset:
+        """The untokenized pairs of a split as `source_text`/`target_text` (what translations are scored on), once."""
         hp = self.hparams
         if split not in self._raw_splits:
             if hp.dataset == "synthetic":
@@ -191,7 +191,7 @@ class TranslationDataModule(pl.LightningDataModule):
         """Tokenize and filter a split once: (dataset, source lengths, target lengths)."""
         if role not in self._prepared:
             split = self._split_name(role)
-            pairs = self._raw_split(split)
+            pairs = self.raw_pairs(split)
             rank_zero_info(f"{role} split {split!r}: tokenizing {len(pairs):,} pairs")
             encoded = self._tokenize(pairs)
             self._prepared[role] = self._filter(role, split, encoded)

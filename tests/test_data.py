@@ -211,7 +211,7 @@ def test_tokenization_cache_follows_the_tokenizer(tmp_path):
 
     def tokenized_cache_file(**kwargs) -> str:
         dm = TranslationDataModule(dataset=str(tmp_path / "train.jsonl"), source_lang="en", target_lang="de", **kwargs)
-        return dm._tokenize(dm._raw_split("train")).cache_files[0]["filename"]
+        return dm._tokenize(dm.raw_pairs("train")).cache_files[0]["filename"]
 
     same = tokenized_cache_file(bpe_vocab_size=60, bpe_min_frequency=1)
     assert tokenized_cache_file(bpe_vocab_size=60, bpe_min_frequency=1) == same
@@ -270,7 +270,7 @@ def test_loader_state_resumes_mid_epoch(datamodule):
 
 
 def test_evaluation_batches_keep_every_pair_once_across_ranks(datamodule):
-    raw = datamodule._raw_split(datamodule.hparams.validation_split)
+    raw = datamodule.raw_pairs(datamodule.hparams.validation_split)
     expected = Counter(zip(raw["source_text"], raw["target_text"], strict=True))
     seen, counts = Counter(), []
     for rank in (0, 1):
@@ -301,7 +301,7 @@ def test_multi30k_padding_efficiency_beats_random_batching(multi30k):
 
 
 def test_multi30k_german_round_trips_through_the_tokenizer(multi30k):
-    german = list(multi30k._raw_split("val")["target_text"])
+    german = list(multi30k.raw_pairs("val")["target_text"])
     tokenizer = multi30k.tokenizer
     decoded = tokenizer.batch_decode(tokenizer(german)["input_ids"], skip_special_tokens=True)
     assert decoded == [unicodedata.normalize("NFKC", line) for line in german]

@@ -358,7 +358,7 @@ def test_test_command_writes_hypotheses_in_test_set_order_and_labelled_scores(ru
     from lightning_modules.cli.training import TranslationCLI
 
     data = TranslationCLI(args=["--config", str(DEMO), "--config", "tiny.yaml"], run=False).datamodule
-    references = list(data._raw_split(data.hparams.test_split)["target_text"])
+    references = list(data.raw_pairs(data.hparams.test_split)["target_text"])
     unsmoothed = sacrebleu.corpus_bleu(hypotheses, [references], tokenize="13a", smooth_method="none").score
     assert scores["test/bleu"] == pytest.approx(unsmoothed, abs=1e-6)
     printed = capsys.readouterr().out
