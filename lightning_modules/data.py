@@ -154,7 +154,7 @@ class TranslationDataModule(pl.LightningDataModule):
         return self.hparams[f"{role}_split"]
 
     def raw_pairs(self, split: str) -> Dataset:
-        """The untokenized pairs of a split as `source_text`/`target_text` (what translations are scored on), once."""
+        """The untokenized pairs of a split (`source_text`/`target_text`, what translations are scored on), cached."""
         hp = self.hparams
         if split not in self._raw_splits:
             if hp.dataset == "synthetic":
