@@ -207,15 +207,17 @@ def test_bpe_training_is_deterministic():
 
 
 def test_tokenization_cache_follows_the_tokenizer(tmp_path):
-    write_jsonl(tmp_path / "train.jsonl", [{"en": s, "de": t} for s, t in PAIRS * 20])
+    for split in ("train", "validation", "test"):
+        write_jsonl(tmp_path / f"{split}.jsonl", [{"en": s, "de": t} for s, t in PAIRS * 20])
 
-    def tokenized_cache_file(**kwargs) -> str:
-        dm = TranslationDataModule(dataset=str(tmp_path / "train.jsonl"), source_lang="en", target_lang="de", **kwargs)
-        return dm._tokenize(dm.raw_pairs("train")).cache_files[0]["filename"]
+    def cache_files_after_setup(bpe_vocab_size: int) -> set[Path]:
+        dm = local_module(tmp_path, bpe_vocab_size=bpe_vocab_size)
+        return set(Path(dm.raw_pairs("train").cache_files[0]["filename"]).parent.glob("cache-*.arrow"))
 
-    same = tokenized_cache_file(bpe_vocab_size=60, bpe_min_frequency=1)
-    assert tokenized_cache_file(bpe_vocab_size=60, bpe_min_frequency=1) == same
-    assert tokenized_cache_file(bpe_vocab_size=80, bpe_min_frequency=1) != same
+    tokenized = cache_files_after_setup(60)
+    assert tokenized, "setup wrote no tokenized cache next to the raw split"
+    assert cache_files_after_setup(60) == tokenized  # the same tokenizer, the same cache file
+    assert cache_files_after_setup(80) > tokenized  # another tokenizer tokenizes anew, beside the old cache
 
 
 def test_trained_tokenizer_is_saved_with_the_run(synthetic, tmp_path):
