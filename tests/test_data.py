@@ -64,7 +64,7 @@ def datamodule(request):
 
 
 def sampler_for_rank(dm: TranslationDataModule, rank: int, world_size: int, epoch: int = 0):
-    sampler = dm._batch_sampler("train", dm.hparams.max_tokens, shuffle=True)
+    sampler = dm.train_dataloader().batch_sampler
     sampler.rank, sampler.world_size = rank, world_size
     sampler.set_epoch(epoch)
     return sampler
@@ -250,7 +250,7 @@ def test_two_ranks_get_disjoint_batches_covering_the_data_in_equal_numbers(datam
         ranks = [list(sampler_for_rank(datamodule, rank, 2, epoch)) for rank in (0, 1)]
         assert len(ranks[0]) == len(ranks[1])
         indices = [i for batches in ranks for batch in batches for i in batch]
-        assert sorted(indices) == list(range(len(datamodule._prepare("train")[0])))
+        assert sorted(indices) == list(range(len(datamodule.train_dataloader().dataset)))
 
 
 def test_same_seed_and_epoch_give_the_same_batches(datamodule):
