@@ -4,7 +4,7 @@ Every rank builds the same plan for an epoch from `seed` and `epoch` and takes i
 communication; a DataLoader that records its position lets Lightning resume in the middle of an epoch.
 """
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,17 +176,24 @@ class TranslationCollator:
     """Pads a list of tokenized rows into the batch dict the model takes.
 
     `input_ids`/`attention_mask` [B, S] and `labels` [B, T] (-100 at padding), right-padded to the longest row;
-    sequences longer than the position limits are cut, keeping their final `</s>`. Rows that carry
-    `source_text`/`target_text`/`index` (evaluation) pass them on (strings as lists, indices as a tensor).
+    sequences longer than the position limits are cut, keeping their final `</s>`. Evaluation rows (those with an
+    `index`) pass on `source_text`, `target_text` and `index` (strings as lists, indices as a tensor).
+    With `resegment` (training with BPE-dropout), the ids are those of the rows' texts encoded anew, except where that
+    passes the position limit, and the texts are not passed on.
     """
 
     pad_token_id: int
     max_source_positions: int
     max_target_positions: int
+    resegment: Callable[[list[str]], list[list[int]]] | None = None
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        sources = [_truncate(row["input_ids"], self.max_source_positions) for row in rows]
-        targets = [_truncate(row["labels"], self.max_target_positions) for row in rows]
+        sources, targets = [row["input_ids"] for row in rows], [row["labels"] for row in rows]
+        if self.resegment is not None:
+            sources = self._resegment(rows, "source_text", sources, self.max_source_positions)
+            targets = self._resegment(rows, "target_text", targets, self.max_target_positions)
+        sources = [_truncate(ids, self.max_source_positions) for ids in sources]
+        targets = [_truncate(ids, self.max_target_positions) for ids in targets]
         input_ids = _pad(sources, self.pad_token_id)
         lengths = torch.tensor([len(ids) for ids in sources])
         batch = {
@@ -194,11 +201,16 @@ class TranslationCollator:
             "attention_mask": (torch.arange(input_ids.shape[1]) < lengths[:, None]).long(),
             "labels": _pad(targets, IGNORE_INDEX),
         }
-        if "source_text" in rows[0]:
+        if "index" in rows[0]:
             batch["source_text"] = [row["source_text"] for row in rows]
             batch["target_text"] = [row["target_text"] for row in rows]
             batch["index"] = torch.tensor([row["index"] for row in rows])
         return batch
+
+    def _resegment(self, rows: list[dict[str, Any]], text: str, ids: list[list[int]], limit: int) -> list[list[int]]:
+        """The rows' `text` encoded anew; one that grows past `limit` keeps its `ids` (which fit) rather than be cut."""
+        segmented = self.resegment([row[text] for row in rows])
+        return [new if len(new) <= limit else old for new, old in zip(segmented, ids, strict=True)]
 
 
 def _truncate(ids: list[int], limit: int) -> list[int]:

@@ -1,9 +1,11 @@
 """The tokenizer: load an existing one, or train a joint BPE vocabulary on the training pairs (as in the paper)."""
 
+import functools
 import json
 import os
 import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +114,41 @@ def check_trained_on(directory: str | Path, trained_on: dict[str, Any]) -> None:
 
 def has_saved_tokenizer(directory: str | Path | None) -> bool:
     return directory is not None and (Path(directory) / "tokenizer.json").is_file()
+
+
+@dataclass(frozen=True)
+class BPEDropout:
+    """BPE-dropout (Provilkov et al., 2020): each merge of the BPE vocabulary is skipped with probability `dropout`, so
+    a word gets a different segmentation of the same text each time it is encoded ("▁orange" as "▁orang e").
+
+    Called on a list of texts, it gives their ids as the tokenizer's `encode` does (with its special tokens). The
+    tokenizer travels as its JSON text, so the object pickles into data loader workers. The draws come from the
+    tokenizers library's thread-local generator, which takes no seed: segmentations differ between runs.
+    """
+
+    tokenizer: str
+    dropout: float
+
+    @classmethod
+    def of(cls, tokenizer: PreTrainedTokenizerFast, dropout: float) -> "BPEDropout":
+        """Check that `tokenizer` is a BPE vocabulary and `dropout` a probability in [0, 1)."""
+        if not 0 <= dropout < 1:
+            raise DataError(f"data.bpe_dropout={dropout} is not a probability in [0, 1): use e.g. 0.1 (0: off)")
+        model = tokenizer.backend_tokenizer.model
+        if not isinstance(model, models.BPE):
+            raise DataError(
+                f"data.bpe_dropout={dropout} needs a BPE tokenizer; {tokenizer.name_or_path or 'this one'} is a "
+                f"{type(model).__name__} model: set data.bpe_dropout to 0 or let the data module train a BPE "
+                "tokenizer (data.tokenizer: null)"
+            )
+        return cls(tokenizer.backend_tokenizer.to_str(), dropout)
+
+    def __call__(self, texts: list[str]) -> list[list[int]]:
+        return [encoding.ids for encoding in _dropout_tokenizer(self.tokenizer, self.dropout).encode_batch(texts)]
+
+
+@functools.lru_cache(maxsize=2)
+def _dropout_tokenizer(state: str, dropout: float) -> Tokenizer:
+    tokenizer = Tokenizer.from_str(state)
+    tokenizer.model.dropout = dropout
+    return tokenizer

@@ -17,6 +17,10 @@ import pytest
 import torch
 from conftest import multi30k_dir
 from lightning.pytorch.callbacks import ModelCheckpoint
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import PreTrainedTokenizerFast
 
 from hf_transformer.errors import DataError
 from lightning_modules import TranslationDataModule
@@ -321,6 +325,63 @@ def test_multi30k_vocabulary_keeps_punctuation_apart_from_words(multi30k):
     ]
     assert glued == []
     assert tokenizer.tokenize("Blumen.") == [*tokenizer.tokenize("Blumen"), "."]
+
+
+# ---------------------------------------------------------------------------------------------------- BPE-dropout
+def bpe_dropout_module(folder: Path, bpe_dropout: float) -> TranslationDataModule:
+    for split in ("train", "validation", "test"):
+        write_lines(folder / f"{split}.en", [s for s, _ in PAIRS] * 20)
+        write_lines(folder / f"{split}.de", [t for _, t in PAIRS] * 20)
+    limits = {"max_tokens": 64, "max_source_positions": 16, "max_target_positions": 16}  # some pairs grow past 16
+    return local_module(folder, bpe_dropout=bpe_dropout, **limits)
+
+
+def test_bpe_dropout_segments_training_pairs_anew_into_the_same_text(tmp_path):
+    dm = bpe_dropout_module(tmp_path, bpe_dropout=0.5)
+    loader, tokenizer = dm.train_dataloader(), dm.tokenizer
+    full_merges = [(row["input_ids"], row["labels"]) for row in loader.dataset]
+    epochs = []
+    for _ in range(2):
+        segmented = {}
+        for batch, indices in zip(loader, loader.batch_sampler.plan(), strict=True):
+            for i, source, target in zip(indices, batch["input_ids"], batch["labels"], strict=True):
+                segmented[i] = (source[source != tokenizer.pad_token_id].tolist(), target[target != -100].tolist())
+        assert set(batch) == {"input_ids", "attention_mask", "labels"}
+        epochs.append(segmented)
+    for i, (source, target) in epochs[0].items():  # another segmentation, of the same text
+        row = loader.dataset[i]
+        assert tokenizer.decode(source, skip_special_tokens=True) == row["source_text"]
+        assert tokenizer.decode(target, skip_special_tokens=True) == row["target_text"]
+        assert source[-1] == target[-1] == tokenizer.eos_token_id
+    assert sum(epochs[0][i] != full_merges[i] for i in epochs[0]) > len(full_merges) / 2
+    assert epochs[0] != epochs[1]  # drawn anew each time a pair is batched
+    for batch in dm.val_dataloader():  # evaluation keeps the full merges
+        assert batch["input_ids"].tolist() == tokenizer(batch["source_text"], padding=True)["input_ids"]
+
+
+def test_bpe_dropout_off_keeps_the_tokenized_ids(tmp_path):
+    dm = bpe_dropout_module(tmp_path, bpe_dropout=0.0)
+    loader = dm.train_dataloader()
+    for batch, indices in zip(loader, loader.batch_sampler.plan(), strict=True):
+        rows = [loader.dataset[i]["input_ids"] for i in indices]
+        assert [ids[ids != dm.tokenizer.pad_token_id].tolist() for ids in batch["input_ids"]] == rows
+
+
+@pytest.mark.parametrize("bpe_dropout", [1.0, -0.1])
+def test_bpe_dropout_outside_0_to_1_is_an_error(tmp_path, bpe_dropout):
+    with pytest.raises(DataError, match=r"data\.bpe_dropout=.* not a probability in \[0, 1\)"):
+        bpe_dropout_module(tmp_path, bpe_dropout=bpe_dropout)
+
+
+def test_bpe_dropout_with_a_tokenizer_that_is_not_bpe_names_the_fix(tmp_path):
+    words = {token: i for i, token in enumerate(["<pad>", "<s>", "</s>", "<unk>", "a", "cat"])}
+    backend = Tokenizer(WordLevel(words, unk_token="<unk>"))
+    backend.pre_tokenizer = Whitespace()
+    PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    ).save_pretrained(tmp_path / "word_level")
+    with pytest.raises(DataError, match=r"needs a BPE tokenizer.*WordLevel.*data\.bpe_dropout to 0"):
+        TranslationDataModule(tokenizer=str(tmp_path / "word_level"), bpe_dropout=0.1)
 
 
 # ----------------------------------------------------------------------------------------------------- Lightning
