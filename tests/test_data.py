@@ -133,7 +133,7 @@ def test_synthetic_task_runs_in_either_direction():
 # ------------------------------------------------------------------------------------------------------ tokenizer
 def test_tokenizer_and_special_ids_exist_right_after_init():
     dm = TranslationDataModule(**SMALL)
-    assert not dm._prepared  # nothing tokenized yet: the CLI links these before setup()
+    assert dm.filter_stats == {}  # no split tokenized yet: the CLI links these before setup()
     tokenizer = dm.tokenizer
     assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id) == (
         0,
@@ -214,14 +214,17 @@ def test_tokenization_cache_follows_the_tokenizer(tmp_path):
     for split in ("train", "validation", "test"):
         write_jsonl(tmp_path / f"{split}.jsonl", [{"en": s, "de": t} for s, t in PAIRS * 20])
 
-    def cache_files_after_setup(bpe_vocab_size: int) -> set[Path]:
+    def cache_files_after_setup(bpe_vocab_size: int) -> dict[Path, tuple[int, int]]:
+        """Each tokenized cache file with its inode and modification time, which change when it is written again."""
         dm = local_module(tmp_path, bpe_vocab_size=bpe_vocab_size)
-        return set(Path(dm.raw_pairs("train").cache_files[0]["filename"]).parent.glob("cache-*.arrow"))
+        folder = Path(dm.raw_pairs("train").cache_files[0]["filename"]).parent
+        return {path: (path.stat().st_ino, path.stat().st_mtime_ns) for path in folder.glob("cache-*.arrow")}
 
     tokenized = cache_files_after_setup(60)
     assert tokenized, "setup wrote no tokenized cache next to the raw split"
-    assert cache_files_after_setup(60) == tokenized  # the same tokenizer, the same cache file
-    assert cache_files_after_setup(80) > tokenized  # another tokenizer tokenizes anew, beside the old cache
+    assert cache_files_after_setup(60) == tokenized  # the same tokenizer reads the same files, unwritten
+    retokenized = cache_files_after_setup(80)  # another tokenizer tokenizes anew, beside the old cache
+    assert retokenized.items() > tokenized.items()
 
 
 def test_trained_tokenizer_is_saved_with_the_run(synthetic, tmp_path):
