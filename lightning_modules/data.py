@@ -69,8 +69,9 @@ class TranslationDataModule(pl.LightningDataModule):
         bpe_vocab_size: the size of the joint BPE vocabulary trained on the training split (37000 in the paper).
         bpe_min_frequency: how often a pair must occur to be merged.
         bpe_dropout: BPE-dropout on the training pairs (Provilkov et al., 2020): each batch encodes its pairs anew,
-            skipping each merge with this probability (0.1 in the paper; 0: off). Batches are planned on the full
-            merges' lengths, so they hold more tokens than `max_tokens` (14% more at 0.1 on Multi30k).
+            skipping each merge with this probability (0.1 in the paper; 0: off); a side that would grow past its
+            position limit keeps the full merges. Batches are planned on the full merges' lengths, so they hold more
+            tokens than `max_tokens` (14% more at 0.1 on Multi30k).
         tokenizer_dir: where the trained tokenizer is saved and reused on later runs of the same data.
         max_tokens: the token budget of a training batch: rows x longest sequence, per device (the paper: about 25000
             source and 25000 target tokens per step over 8 GPUs).
