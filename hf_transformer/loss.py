@@ -30,59 +30,140 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return decoder_input_ids.masked_fill_(decoder_input_ids == IGNORE_INDEX, pad_token_id)
 
 
+def _smoothed_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float, compute_gradient: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Summed label-smoothed cross-entropy of fp32 `logits` ([tokens, vocab]) at `labels` (-100 ignored), and its
+    gradient with respect to the logits (None unless asked). Overwrites `logits`: they are the only [tokens, vocab]
+    fp32 buffer."""
+    vocab_size = logits.shape[-1]
+    log_normalizer = logits.logsumexp(-1, keepdim=True)
+    is_target = (labels != IGNORE_INDEX)[:, None]
+    target = labels.clamp(min=0)[:, None]
+    # Cross-entropy against (1 - eps) * one-hot + eps / vocab: log Z - (1 - eps) * z_target - eps * mean(z).
+    smoothed_logit = logits.gather(1, target) * (1 - label_smoothing)
+    if label_smoothing:
+        smoothed_logit += logits.mean(-1, keepdim=True) * label_smoothing
+    loss = torch.where(is_target, log_normalizer - smoothed_logit, 0.0).sum()
+    if not compute_gradient:
+        return loss, None
+    # d loss / d logits = softmax - smoothed one-hot target; zero for ignored tokens.
+    grad_logits = logits.sub_(log_normalizer).exp_().sub_(label_smoothing / vocab_size)
+    grad_logits.scatter_add_(1, target, torch.full_like(logits[:, :1], label_smoothing - 1))
+    return loss, grad_logits.mul_(is_target)
+
+
+def _rdrop_cross_entropy(
+    logits: torch.Tensor,
+    logits_pair: torch.Tensor,
+    labels: torch.Tensor,
+    label_smoothing: float,
+    rdrop_alpha: float,
+    compute_gradient: bool,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """R-Drop's loss (Liang et al. 2021, eq. 3) of two fp32 logits of the same tokens under two dropout masks: both
+    label-smoothed cross-entropies plus alpha/2 * (KL(p || q) + KL(q || p)), summed over the tokens, and the gradients
+    with respect to both logits (None unless asked). With d = log p - log q, the gradient with respect to the first
+    logits is p - smoothed one-hot + alpha/2 * (p * (1 + d - KL(p || q)) - q), and the mirror image for the second.
+    Overwrites both logits; every [tokens, vocab] operation is one pass over memory, in place where it can be."""
+    vocab_size = logits.shape[-1]
+    is_target = (labels != IGNORE_INDEX)[:, None]
+    target = labels.clamp(min=0)[:, None]
+    loss = logits.new_zeros(())
+    log_probs = []
+    for z in (logits, logits_pair):
+        log_p = z.sub_(z.logsumexp(-1, keepdim=True))
+        # Cross-entropy against (1 - eps) * one-hot + eps / vocab.
+        smoothed = log_p.gather(1, target) * (1 - label_smoothing) + log_p.mean(-1, keepdim=True) * label_smoothing
+        loss -= torch.where(is_target, smoothed, 0.0).sum()
+        log_probs.append(log_p)
+    probs, probs_pair = (log_p.exp() for log_p in log_probs)
+    log_ratio = log_probs[0].sub_(log_probs[1])
+    kl = torch.linalg.vecdot(probs, log_ratio)[:, None]  # KL(p || q)
+    kl_pair = -torch.linalg.vecdot(probs_pair, log_ratio)[:, None]  # KL(q || p)
+    loss += rdrop_alpha / 2 * torch.where(is_target, kl + kl_pair, 0.0).sum()
+    if not compute_gradient:
+        return loss, None
+    half_alpha = torch.where(is_target, rdrop_alpha / 2, 0.0)
+    grads = []
+    for p, q, log_ratio_p, kl_p in ((probs, probs_pair, log_ratio, kl), (probs_pair, probs, -log_ratio, kl_pair)):
+        # p * (1 + alpha/2 * (1 - KL + d)) - alpha/2 * q - eps / vocab, then the one-hot part at the target.
+        grad = torch.addcmul(1 + half_alpha * (1 - kl_p), half_alpha, log_ratio_p).mul_(p)
+        grad.addcmul_(q, half_alpha, value=-1).sub_(label_smoothing / vocab_size)
+        grad.scatter_add_(1, target, torch.full_like(grad[:, :1], label_smoothing - 1))
+        grads.append(grad.mul_(is_target))
+    return loss, tuple(grads)
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
-    """Sum over tokens of the label-smoothed cross-entropy of `hidden @ weight.T`, and its gradients, chunk by chunk."""
+    """Sum over tokens of the label-smoothed cross-entropy of `hidden @ weight.T`, and its gradients, chunk by chunk.
+    With `hidden_pair`, the same tokens' decoder output under other dropout, R-Drop's loss of the two instead."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, label_smoothing, num_chunks, compute_gradients):
+    def forward(ctx, hidden, hidden_pair, weight, labels, label_smoothing, rdrop_alpha, num_chunks, compute_gradients):
         device = hidden.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-        vocab_size = weight.shape[0]
         weight_in_dtype = weight.to(dtype)
+        hiddens = (hidden,) if hidden_pair is None else (hidden, hidden_pair)
         loss = hidden.new_zeros((), dtype=torch.float32)
-        grad_hidden, grad_weight = [], torch.zeros_like(weight, dtype=torch.float32) if compute_gradients else None
-        for hidden_chunk, labels_chunk in zip(
-            hidden.to(dtype).tensor_split(num_chunks), labels.tensor_split(num_chunks), strict=True
-        ):
-            logits = (hidden_chunk @ weight_in_dtype.T).float()
-            log_normalizer = logits.logsumexp(-1, keepdim=True)
-            is_target = (labels_chunk != IGNORE_INDEX)[:, None]
-            target = labels_chunk.clamp(min=0)[:, None]
-            # Cross-entropy against (1 - eps) * one-hot + eps / vocab: log Z - (1 - eps) * z_target - eps * mean(z).
-            smoothed_logit = logits.gather(1, target) * (1 - label_smoothing)
-            if label_smoothing:
-                smoothed_logit += logits.mean(-1, keepdim=True) * label_smoothing
-            loss += torch.where(is_target, log_normalizer - smoothed_logit, 0.0).sum()
+        grad_hiddens = [[] for _ in hiddens]
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if compute_gradients else None
+        chunks = zip(
+            *(h.to(dtype).tensor_split(num_chunks) for h in hiddens), labels.tensor_split(num_chunks), strict=True
+        )
+        for *hidden_chunks, labels_chunk in chunks:
+            logits = [(hidden_chunk @ weight_in_dtype.T).float() for hidden_chunk in hidden_chunks]
+            if hidden_pair is None:
+                chunk_loss, grad = _smoothed_cross_entropy(*logits, labels_chunk, label_smoothing, compute_gradients)
+                grad_logits = (grad,)
+            else:
+                chunk_loss, grad_logits = _rdrop_cross_entropy(
+                    *logits, labels_chunk, label_smoothing, rdrop_alpha, compute_gradients
+                )
+            loss += chunk_loss
             if compute_gradients:
-                # d loss / d logits = softmax - smoothed one-hot target; zero for ignored tokens. In place: the chunk's
-                # logits are the only [tokens, vocab] fp32 buffer.
-                grad_logits = logits.sub_(log_normalizer).exp_().sub_(label_smoothing / vocab_size)
-                grad_logits.scatter_add_(1, target, torch.full_like(logits[:, :1], label_smoothing - 1))
-                grad_logits = grad_logits.mul_(is_target).to(dtype)
-                grad_hidden.append(grad_logits @ weight_in_dtype)
-                grad_weight += grad_logits.T @ hidden_chunk
+                for grads, hidden_chunk, grad in zip(grad_hiddens, hidden_chunks, grad_logits, strict=True):
+                    grad = grad.to(dtype)
+                    grads.append(grad @ weight_in_dtype)
+                    grad_weight += grad.T @ hidden_chunk
         if compute_gradients:
-            ctx.save_for_backward(torch.cat(grad_hidden).to(hidden.dtype), grad_weight.to(weight.dtype))
+            ctx.save_for_backward(
+                *(torch.cat(grads).to(hidden.dtype) for grads in grad_hiddens), grad_weight.to(weight.dtype)
+            )
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None, None, None
+        grad_hidden, *grad_hidden_pair, grad_weight = (grad * grad_loss for grad in ctx.saved_tensors)
+        grad_hidden_pair = grad_hidden_pair[0] if grad_hidden_pair else None
+        return grad_hidden, grad_hidden_pair, grad_weight, None, None, None, None, None
 
 
 def linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    label_smoothing: float = 0.0,
+    hidden_pair: torch.Tensor | None = None,
+    rdrop_alpha: float = 0.0,
 ) -> torch.Tensor:
     """Summed label-smoothed cross-entropy of the logits `hidden @ weight.T` ([tokens, d_model] @ [d_model, vocab]) at
     `labels` ([tokens], -100 ignored): equal to `F.cross_entropy(hidden @ weight.T, labels, label_smoothing=...,
     reduction="sum")` in value and gradients, with fp32 logits for at most `LOGITS_CHUNK_BYTES` at a time
     (`CPU_LOGITS_CHUNK_BYTES` on a CPU). Under autocast the projection runs in the autocast dtype (as `F.linear` would)
-    and the softmax in fp32."""
+    and the softmax in fp32.
+
+    With `hidden_pair` (the same tokens' decoder output under other dropout masks), R-Drop's loss instead: the summed
+    cross-entropies of both plus `rdrop_alpha` / 2 times their symmetric KL divergence; the two logits of a chunk
+    together stay under the size."""
     chunk_bytes = CPU_LOGITS_CHUNK_BYTES if hidden.device.type == "cpu" else LOGITS_CHUNK_BYTES
-    num_chunks = max(1, math.ceil(hidden.shape[0] * weight.shape[0] * 4 / chunk_bytes))
-    compute_gradients = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    return _LinearCrossEntropy.apply(hidden, weight, labels, label_smoothing, num_chunks, compute_gradients)
+    logits_bytes = hidden.shape[0] * weight.shape[0] * 4 * (1 if hidden_pair is None else 2)
+    num_chunks = max(1, math.ceil(logits_bytes / chunk_bytes))
+    inputs = (hidden, weight) if hidden_pair is None else (hidden, hidden_pair, weight)
+    compute_gradients = torch.is_grad_enabled() and any(tensor.requires_grad for tensor in inputs)
+    return _LinearCrossEntropy.apply(
+        hidden, hidden_pair, weight, labels, label_smoothing, rdrop_alpha, num_chunks, compute_gradients
+    )
 
 
 def target_span(labels: torch.Tensor) -> torch.Tensor:
@@ -97,18 +178,32 @@ def translation_loss(
     labels: torch.Tensor,
     label_smoothing: float,
     num_items_in_batch: int | torch.Tensor | None = None,
+    rdrop_alpha: float = 0.0,
 ) -> torch.Tensor:
     """The loss of teacher forcing: label-smoothed cross-entropy of the decoder output `hidden_states` ([batch, length,
     d_model]) projected by `weight` at `labels` ([batch, length], -100 on padding), summed over the target tokens and
     divided by their number (or by `num_items_in_batch`, the target tokens of all accumulated micro-batches).
+
+    With `rdrop_alpha` > 0 the batch holds every pair twice, its second half repeating its first (R-Drop: the two
+    halves see different dropout masks), and the loss adds `rdrop_alpha` / 2 times the symmetric KL divergence of
+    each token's two output distributions (`linear_cross_entropy`), still divided by the target tokens of the batch.
 
     Eager, only the target positions are projected onto the vocabulary; a `torch.compile` graph cannot hold their
     data-dependent number, so it projects every position and ignores padding by its label: one graph for the whole
     step, at the cost of the few percent of padding that token-budget batches have."""
     is_target = labels != IGNORE_INDEX
     if torch.compiler.is_compiling():
-        hidden_states, labels = hidden_states.flatten(0, 1), labels.flatten()
+        hidden_states, targets = hidden_states.flatten(0, 1), labels.flatten()
     else:
-        hidden_states, labels = hidden_states[is_target], labels[is_target]
-    summed = linear_cross_entropy(hidden_states, weight, labels, label_smoothing)
+        hidden_states, targets = hidden_states[is_target], labels[is_target]
+    if rdrop_alpha:
+        halves_differ = labels.shape[0] % 2 or not (torch.compiler.is_compiling() or torch.equal(*labels.chunk(2)))
+        if halves_differ:
+            raise ValueError("rdrop_alpha needs a batch whose second half repeats its first, e.g. torch.cat([b, b])")
+        hidden_states, hidden_pair = hidden_states.chunk(2)
+        summed = linear_cross_entropy(
+            hidden_states, weight, targets.chunk(2)[0], label_smoothing, hidden_pair, rdrop_alpha
+        )
+    else:
+        summed = linear_cross_entropy(hidden_states, weight, targets, label_smoothing)
     return summed / (is_target.sum() if num_items_in_batch is None else num_items_in_batch)

@@ -547,6 +547,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
         label_smoothing: float | None = None,
+        rdrop_alpha: float = 0.0,
         return_logits: bool | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput:
@@ -557,6 +558,8 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         num_items_in_batch: target tokens of all accumulated micro-batches (the Hugging Face Trainer passes it): the
             summed loss is divided by it instead of by this batch's, so that every token weighs equally.
         label_smoothing: this call's epsilon_ls instead of `config.label_smoothing` (0.0: the plain log-likelihood).
+        rdrop_alpha: R-Drop's weight of the symmetric KL divergence between the two halves of a batch that holds every
+            pair twice (`translation_loss`); 0: the plain loss.
         return_logits: with `labels`, logits are computed only when asked (the loss never holds them all, `loss.py`).
         """
         if labels is not None:
@@ -583,7 +586,9 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         loss = logits = None
         if labels is not None:
             smoothing = self.config.label_smoothing if label_smoothing is None else label_smoothing
-            loss = translation_loss(hidden_states, self.lm_head.weight, labels, smoothing, num_items_in_batch)
+            loss = translation_loss(
+                hidden_states, self.lm_head.weight, labels, smoothing, num_items_in_batch, rdrop_alpha
+            )
         if labels is None or return_logits:
             keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             logits = self.lm_head(hidden_states[:, keep])

@@ -115,6 +115,79 @@ def test_translation_loss_is_the_chunked_loss_of_the_target_positions():
     torch.testing.assert_close(translation_loss(hidden, weight, labels, 0.1, num_items_in_batch=20), summed / 20)
 
 
+def rdrop_reference(logits, logits_pair, labels, label_smoothing, alpha):
+    """R-Drop's loss from its definition (Liang et al. 2021, eq. 3) on full logits, summed over the target tokens."""
+    is_target = labels != -100
+    cross_entropies = sum(
+        F.cross_entropy(z, labels, label_smoothing=label_smoothing, reduction="sum") for z in (logits, logits_pair)
+    )
+    log_p, log_q = logits[is_target].log_softmax(-1), logits_pair[is_target].log_softmax(-1)
+    kl_pq = F.kl_div(log_q, log_p, log_target=True, reduction="sum")  # KL(p || q)
+    kl_qp = F.kl_div(log_p, log_q, log_target=True, reduction="sum")
+    return cross_entropies + alpha / 2 * (kl_pq + kl_qp)
+
+
+@pytest.mark.parametrize("chunk_bytes", [loss.CPU_LOGITS_CHUNK_BYTES, 1000])
+def test_rdrop_loss_equals_its_definition_in_value_and_gradients(monkeypatch, chunk_bytes):
+    """The chunked R-Drop loss with closed-form gradients: the value and gradients of autograd through the two
+    cross-entropies and the symmetric KL of full logits in float64, up to fp32 rounding (the KL of two close
+    distributions is a difference of near-equal sums), with ignored tokens among the targets."""
+    monkeypatch.setattr(loss, "CPU_LOGITS_CHUNK_BYTES", chunk_bytes)
+    torch.manual_seed(0)
+    hidden, hidden_pair = torch.randn(50, 16, requires_grad=True), torch.randn(50, 16, requires_grad=True)
+    weight = torch.randn(37, 16, requires_grad=True)
+    labels = torch.randint(0, 37, (50,))
+    labels[::7] = -100
+    inputs = (hidden, hidden_pair, weight)
+    exact = [tensor.detach().double().requires_grad_() for tensor in inputs]
+    expected = rdrop_reference(exact[0] @ exact[2].T, exact[1] @ exact[2].T, labels, 0.1, alpha=5.0)
+    expected_gradients = torch.autograd.grad(3 * expected, exact)
+    chunked = linear_cross_entropy(hidden, weight, labels, 0.1, hidden_pair=hidden_pair, rdrop_alpha=5.0)
+    torch.testing.assert_close(chunked.double(), expected, rtol=1e-6, atol=0)
+    gradients = torch.autograd.grad(3 * chunked, inputs)
+    for gradient, expected_gradient in zip(gradients, expected_gradients, strict=True):
+        assert (gradient.double() - expected_gradient).norm() < 1e-5 * expected_gradient.norm()
+
+
+def test_rdrop_translation_loss_of_two_identical_passes_is_the_plain_loss():
+    """Without dropout the two passes agree, the KL term is zero, and the loss per target token is the plain one;
+    a batch whose halves are not the same pairs is refused."""
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(3, 5, 8), torch.randn(11, 8)
+    labels = torch.randint(0, 11, (3, 5))
+    labels[0, 3:] = labels[2, 1] = -100
+    doubled = translation_loss(torch.cat([hidden, hidden]), weight, torch.cat([labels, labels]), 0.1, rdrop_alpha=5.0)
+    torch.testing.assert_close(doubled, translation_loss(hidden, weight, labels, 0.1))
+    with pytest.raises(ValueError, match="second half repeats its first"):
+        translation_loss(torch.cat([hidden, hidden]), weight, torch.cat([labels, labels.flip(0)]), 0.1, rdrop_alpha=5.0)
+
+
+def test_rdrop_training_step_runs_each_pair_under_two_dropout_masks():
+    """The module's R-Drop loss: equal to the plain loss with dropout off; with dropout on, its KL term is the
+    divergence of two different passes (positive), and every parameter gets a finite gradient."""
+    batch = padded_batch()
+    torch.manual_seed(0)
+    plain, rdrop = tiny_module(), tiny_module(rdrop_alpha=5.0)
+    rdrop.model.load_state_dict(plain.model.state_dict())
+    plain.eval(), rdrop.eval()
+    torch.testing.assert_close(rdrop.training_loss(batch), plain.training_loss(batch))
+    rdrop.train()
+    torch.manual_seed(1)
+    loss_with_kl = rdrop.training_loss(batch)
+    rdrop.hparams.rdrop_alpha = 0.0  # the same two passes (the same dropout draws), the KL term left out
+    torch.manual_seed(1)
+    doubled = {name: torch.cat([batch[name], batch[name]]) for name in ("input_ids", "attention_mask", "labels")}
+    loss_without_kl = rdrop.model(**doubled).loss
+    assert loss_with_kl > loss_without_kl
+    loss_with_kl.backward()
+    assert all(torch.isfinite(p.grad).all() for p in rdrop.parameters() if p.requires_grad)
+
+
+def test_negative_rdrop_alpha_is_refused_naming_the_setting():
+    with pytest.raises(ConfigError, match="model.rdrop_alpha=-1.0 must be at least 0"):
+        tiny_module(rdrop_alpha=-1.0)
+
+
 def test_the_training_loss_compiles_into_one_graph():
     """As the training module calls it: dropout on, padded source, -100 labels (padding and one ignored label)."""
     module = tiny_module().train()
