@@ -30,33 +30,45 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return decoder_input_ids.masked_fill_(decoder_input_ids == IGNORE_INDEX, pad_token_id)
 
 
-def _smoothed_cross_entropy(
-    logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float, compute_gradient: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Summed label-smoothed cross-entropy of fp32 `logits` ([tokens, vocab]) at `labels` (-100 ignored), and its
-    gradient with respect to the logits (None unless asked). Overwrites `logits`: they are the only [tokens, vocab]
-    fp32 buffer."""
-    vocab_size = logits.shape[-1]
-    log_normalizer = logits.logsumexp(-1, keepdim=True)
-    is_target = (labels != IGNORE_INDEX)[:, None]
-    target = labels.clamp(min=0)[:, None]
-    # Cross-entropy against (1 - eps) * one-hot + eps / vocab: log Z - (1 - eps) * z_target - eps * mean(z).
-    smoothed_logit = logits.gather(1, target) * (1 - label_smoothing)
+def _smoothed_target_term(values: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+    """(1 - eps) * values[target] + eps * mean(values) per token: the expectation of `values` ([tokens, vocab]: logits
+    or log-probabilities) under the smoothed target (1 - eps) * one-hot + eps / vocab."""
+    smoothed = values.gather(1, target) * (1 - label_smoothing)
     if label_smoothing:
-        smoothed_logit += logits.mean(-1, keepdim=True) * label_smoothing
+        smoothed += values.mean(-1, keepdim=True) * label_smoothing
+    return smoothed
+
+
+def _subtract_smoothed_target_(
+    probs: torch.Tensor, target: torch.Tensor, is_target: torch.Tensor, label_smoothing: float
+) -> torch.Tensor:
+    """probs - ((1 - eps) * one-hot + eps / vocab), zero for ignored tokens, in place: the gradient of the smoothed
+    cross-entropy with respect to the logits, given `probs` = their softmax."""
+    probs.sub_(label_smoothing / probs.shape[-1])
+    probs.scatter_add_(1, target, torch.full_like(probs[:, :1], label_smoothing - 1))
+    return probs.mul_(is_target)
+
+
+def _smoothed_cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, is_target: torch.Tensor, label_smoothing: float, compute_gradient: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Summed label-smoothed cross-entropy of fp32 `logits` ([tokens, vocab]) at `target` ([tokens, 1], counted where
+    `is_target`), and its gradient with respect to the logits (None unless asked). Overwrites `logits`: they are the
+    only [tokens, vocab] fp32 buffer."""
+    log_normalizer = logits.logsumexp(-1, keepdim=True)
+    # Cross-entropy against the smoothed target: log Z - (1 - eps) * z_target - eps * mean(z).
+    smoothed_logit = _smoothed_target_term(logits, target, label_smoothing)
     loss = torch.where(is_target, log_normalizer - smoothed_logit, 0.0).sum()
     if not compute_gradient:
         return loss, None
-    # d loss / d logits = softmax - smoothed one-hot target; zero for ignored tokens.
-    grad_logits = logits.sub_(log_normalizer).exp_().sub_(label_smoothing / vocab_size)
-    grad_logits.scatter_add_(1, target, torch.full_like(logits[:, :1], label_smoothing - 1))
-    return loss, grad_logits.mul_(is_target)
+    return loss, _subtract_smoothed_target_(logits.sub_(log_normalizer).exp_(), target, is_target, label_smoothing)
 
 
 def _rdrop_cross_entropy(
     logits: torch.Tensor,
     logits_pair: torch.Tensor,
-    labels: torch.Tensor,
+    target: torch.Tensor,
+    is_target: torch.Tensor,
     label_smoothing: float,
     rdrop_alpha: float,
     compute_gradient: bool,
@@ -66,17 +78,8 @@ def _rdrop_cross_entropy(
     with respect to both logits (None unless asked). With d = log p - log q, the gradient with respect to the first
     logits is p - smoothed one-hot + alpha/2 * (p * (1 + d - KL(p || q)) - q), and the mirror image for the second.
     Overwrites both logits; every [tokens, vocab] operation is one pass over memory, in place where it can be."""
-    vocab_size = logits.shape[-1]
-    is_target = (labels != IGNORE_INDEX)[:, None]
-    target = labels.clamp(min=0)[:, None]
-    loss = logits.new_zeros(())
-    log_probs = []
-    for z in (logits, logits_pair):
-        log_p = z.sub_(z.logsumexp(-1, keepdim=True))
-        # Cross-entropy against (1 - eps) * one-hot + eps / vocab.
-        smoothed = log_p.gather(1, target) * (1 - label_smoothing) + log_p.mean(-1, keepdim=True) * label_smoothing
-        loss -= torch.where(is_target, smoothed, 0.0).sum()
-        log_probs.append(log_p)
+    log_probs = [z.sub_(z.logsumexp(-1, keepdim=True)) for z in (logits, logits_pair)]
+    loss = -sum(torch.where(is_target, _smoothed_target_term(x, target, label_smoothing), 0.0).sum() for x in log_probs)
     probs, probs_pair = (log_p.exp() for log_p in log_probs)
     log_ratio = log_probs[0].sub_(log_probs[1])
     kl = torch.linalg.vecdot(probs, log_ratio)[:, None]  # KL(p || q)
@@ -87,11 +90,10 @@ def _rdrop_cross_entropy(
     half_alpha = torch.where(is_target, rdrop_alpha / 2, 0.0)
     grads = []
     for p, q, log_ratio_p, kl_p in ((probs, probs_pair, log_ratio, kl), (probs_pair, probs, -log_ratio, kl_pair)):
-        # p * (1 + alpha/2 * (1 - KL + d)) - alpha/2 * q - eps / vocab, then the one-hot part at the target.
+        # p * (1 + alpha/2 * (1 - KL + d)) - alpha/2 * q, then minus the smoothed target.
         grad = torch.addcmul(1 + half_alpha * (1 - kl_p), half_alpha, log_ratio_p).mul_(p)
-        grad.addcmul_(q, half_alpha, value=-1).sub_(label_smoothing / vocab_size)
-        grad.scatter_add_(1, target, torch.full_like(grad[:, :1], label_smoothing - 1))
-        grads.append(grad.mul_(is_target))
+        grad.addcmul_(q, half_alpha, value=-1)
+        grads.append(_subtract_smoothed_target_(grad, target, is_target, label_smoothing))
     return loss, tuple(grads)
 
 
@@ -113,12 +115,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
         )
         for *hidden_chunks, labels_chunk in chunks:
             logits = [(hidden_chunk @ weight_in_dtype.T).float() for hidden_chunk in hidden_chunks]
+            targets = labels_chunk.clamp(min=0)[:, None], (labels_chunk != IGNORE_INDEX)[:, None]
             if hidden_pair is None:
-                chunk_loss, grad = _smoothed_cross_entropy(*logits, labels_chunk, label_smoothing, compute_gradients)
+                chunk_loss, grad = _smoothed_cross_entropy(*logits, *targets, label_smoothing, compute_gradients)
                 grad_logits = (grad,)
             else:
                 chunk_loss, grad_logits = _rdrop_cross_entropy(
-                    *logits, labels_chunk, label_smoothing, rdrop_alpha, compute_gradients
+                    *logits, *targets, label_smoothing, rdrop_alpha, compute_gradients
                 )
             loss += chunk_loss
             if compute_gradients:

@@ -152,8 +152,8 @@ class TranslationModule(pl.LightningModule):
             paper) keeps the inverse square root to the end.
         rdrop_alpha: R-Drop (Liang et al. 2021): each step runs every pair of the batch twice, under two dropout masks,
             and adds rdrop_alpha / 2 times the symmetric KL divergence of the two output distributions to the two
-            cross-entropies; 0, as in the Transformer paper, runs each pair once. A step costs about as much as one
-            on a batch twice the size, so halve `data.max_tokens` to keep its cost.
+            cross-entropies; 0, as in the Transformer paper, runs each pair once. A step costs more than one on a
+            batch twice the size (1.3x on Multi30k, README), so halve `data.max_tokens` to come near the plain cost.
         generation: GenerationConfig fields for validation and the saved model, over the paper's beam 4 and length
             penalty 0.6, e.g. {num_beams: 2}.
         compile: run the training loss (forward, loss and the loss's gradients) as one `torch.compile` graph with
