@@ -17,28 +17,18 @@ import argparse
 import copy
 import itertools
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from machine import device_name
 
 from lightning_modules.cli.training import TranslationCLI
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PRECISIONS = ("32-true", "bf16-mixed")
 ATTENTIONS = ("sdpa", "eager")
-
-
-def processor_name() -> str:
-    """The CPU's model name (the README's tables compare processors, not only instruction sets)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def training_step(module, optimizers: dict, batch: dict, bf16: bool, clip: float | None) -> None:
@@ -94,7 +84,7 @@ def main() -> None:
     baseline = statistics.median(rates["32-true, sdpa"])
     report = {
         "config": args.config,
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else processor_name(),
+        "device": device_name(device),
         "threads": torch.get_num_threads(),
         "rounds": args.rounds,
         "steps_per_round": args.steps,

@@ -25,6 +25,7 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from transformers import CompileConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import device_name  # noqa: E402
 from multi30k import read_split  # noqa: E402
 from peers import PEERS, SIZES, build_marian, build_ours, random_batch  # noqa: E402
 
@@ -336,6 +337,7 @@ def main() -> None:
 
     report = {
         "device": args.device,
+        "processor": device_name(args.device),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "training": [

@@ -32,6 +32,7 @@ def test_speed_benchmark_runs(tmp_path):
     assert set(report["training"][0]["tokens_per_sec"]) == {"ours", "marian", "nn.Transformer"}
     assert set(report["memory"][0]["peak_step_mib"]) == {"ours", "marian", "nn.Transformer"}
     assert "Training step throughput" in stdout
+    assert report["processor"] not in ("", "cpu", "cuda")
     if torch.cuda.is_available():
         assert [entry["size"] for entry in report["bf16_training"]] == ["small"]
     else:
