@@ -89,9 +89,9 @@ def _rdrop_cross_entropy(
         return loss, None
     half_alpha = torch.where(is_target, rdrop_alpha / 2, 0.0)
     grads = []
-    for p, q, log_ratio_p, kl_p in ((probs, probs_pair, log_ratio, kl), (probs_pair, probs, -log_ratio, kl_pair)):
-        # p * (1 + alpha/2 * (1 - KL + d)) - alpha/2 * q, then minus the smoothed target.
-        grad = torch.addcmul(1 + half_alpha * (1 - kl_p), half_alpha, log_ratio_p).mul_(p)
+    for p, q, kl_p, sign in ((probs, probs_pair, kl, 1), (probs_pair, probs, kl_pair, -1)):
+        # p * (1 + alpha/2 * (1 - KL + d)) - alpha/2 * q, then minus the smoothed target; d = sign * log_ratio.
+        grad = torch.addcmul(1 + half_alpha * (1 - kl_p), half_alpha, log_ratio, value=sign).mul_(p)
         grad.addcmul_(q, half_alpha, value=-1)
         grads.append(_subtract_smoothed_target_(grad, target, is_target, label_smoothing))
     return loss, tuple(grads)
