@@ -5,7 +5,7 @@
 
 Which settings train fastest depends on the processor, not only on its instructions: of two 2-core CPUs with
 AVX512-BF16, an AMD EPYC ran configs/multi30k.yaml's step 1.21x faster in bf16 with the eager attention than in fp32
-with sdpa, an Intel Xeon without AMX 0.70-0.73x; torch's CPU scaled-dot-product attention was the slower one in bf16 on
+with sdpa, an Intel Xeon without AMX 0.70-0.78x; torch's CPU scaled-dot-product attention was the slower one in bf16 on
 both (README, "Precision and attention on this CPU"). This times the config's own model on its
 own first training batches (forward, loss, backward, gradient clipping and the AdamW step, as training runs them)
 for every combination of `trainer.precision` (32-true, bf16-mixed) and `model.config.attn_implementation` (sdpa,
