@@ -54,14 +54,16 @@ def _smoothed_cross_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Summed label-smoothed cross-entropy of fp32 `logits` ([tokens, vocab]) at `target` ([tokens, 1], counted where
     `is_target`), and its gradient with respect to the logits (None unless asked). Overwrites `logits`: they are the
-    only [tokens, vocab] fp32 buffer."""
-    log_normalizer = logits.logsumexp(-1, keepdim=True)
+    only [tokens, vocab] fp32 buffer, exponentiated once, in place (`logsumexp` would write a second one and the
+    gradient exponentiate again: a third of this function's time on a 2-core CPU)."""
+    max_logit = logits.amax(-1, keepdim=True)
     # Cross-entropy against the smoothed target: log Z - (1 - eps) * z_target - eps * mean(z).
     smoothed_logit = _smoothed_target_term(logits, target, label_smoothing)
-    loss = torch.where(is_target, log_normalizer - smoothed_logit, 0.0).sum()
+    shifted_normalizer = logits.sub_(max_logit).exp_().sum(-1, keepdim=True)  # Z / exp(max)
+    loss = torch.where(is_target, shifted_normalizer.log() + max_logit - smoothed_logit, 0.0).sum()
     if not compute_gradient:
         return loss, None
-    return loss, _subtract_smoothed_target_(logits.sub_(log_normalizer).exp_(), target, is_target, label_smoothing)
+    return loss, _subtract_smoothed_target_(logits.div_(shifted_normalizer), target, is_target, label_smoothing)
 
 
 def _rdrop_cross_entropy(
