@@ -55,7 +55,7 @@ def _smoothed_cross_entropy(
     """Summed label-smoothed cross-entropy of fp32 `logits` ([tokens, vocab]) at `target` ([tokens, 1], counted where
     `is_target`), and its gradient with respect to the logits (None unless asked). Overwrites `logits`: they are the
     only [tokens, vocab] fp32 buffer, exponentiated once, in place (`logsumexp` would write a second one and the
-    gradient exponentiate again: a third of this function's time on a 2-core CPU)."""
+    gradient exponentiate again: 0.11 s instead of 0.07 s per step of configs/multi30k.yaml on a 2-core CPU)."""
     max_logit = logits.amax(-1, keepdim=True)
     # Cross-entropy against the smoothed target: log Z - (1 - eps) * z_target - eps * mean(z).
     smoothed_logit = _smoothed_target_term(logits, target, label_smoothing)
