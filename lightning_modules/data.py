@@ -1,6 +1,5 @@
 """`TranslationDataModule`: parallel text from any source -> tokenized, filtered, token-budget batches."""
 
-import functools
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,6 @@ import numpy as np
 import torch.distributed as dist
 from datasets import Dataset
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerFast
 
@@ -21,6 +19,7 @@ from .sources import check_source, load_split, to_pairs
 from .synthetic import SOURCE_LANG, TARGET_LANG, synthetic_splits
 from .tokenization import (
     BPEDropout,
+    backend_tokenizer,
     check_trained_on,
     has_saved_tokenizer,
     load_tokenizer,
@@ -352,16 +351,11 @@ class TranslationDataModule(pl.LightningDataModule):
             )
 
 
-@functools.lru_cache(maxsize=2)
-def _tokenizer(state: str) -> Tokenizer:
-    return Tokenizer.from_str(state)
-
-
 def _encode_pairs(batch: dict[str, list[str]], tokenizer: str, unknown_id: int | None) -> dict[str, list[Any]]:
     """Ids (with the tokenizer's special tokens), lengths and unknown-token counts of a batch of pairs; `tokenizer` is
     the tokenizer's JSON text."""
-    source = [encoding.ids for encoding in _tokenizer(tokenizer).encode_batch(batch["source_text"])]
-    target = [encoding.ids for encoding in _tokenizer(tokenizer).encode_batch(batch["target_text"])]
+    source = [encoding.ids for encoding in backend_tokenizer(tokenizer).encode_batch(batch["source_text"])]
+    target = [encoding.ids for encoding in backend_tokenizer(tokenizer).encode_batch(batch["target_text"])]
     return {
         "input_ids": source,
         "labels": target,

@@ -144,11 +144,15 @@ class BPEDropout:
         return cls(tokenizer.backend_tokenizer.to_str(), dropout)
 
     def __call__(self, texts: list[str]) -> list[list[int]]:
-        return [encoding.ids for encoding in _dropout_tokenizer(self.tokenizer, self.dropout).encode_batch(texts)]
+        return [encoding.ids for encoding in backend_tokenizer(self.tokenizer, self.dropout).encode_batch(texts)]
 
 
-@functools.lru_cache(maxsize=2)
-def _dropout_tokenizer(state: str, dropout: float) -> Tokenizer:
+@functools.lru_cache(maxsize=4)
+def backend_tokenizer(state: str, bpe_dropout: float | None = None) -> Tokenizer:
+    """The tokenizers `Tokenizer` of a JSON text (`to_str()`), built once per process: the data module ships its
+    tokenizer to `datasets.map` and loader workers as this text, which pickles where a `Tokenizer` is costly to rebuild.
+    With `bpe_dropout`, its BPE model skips each merge with that probability."""
     tokenizer = Tokenizer.from_str(state)
-    tokenizer.model.dropout = dropout
+    if bpe_dropout is not None:
+        tokenizer.model.dropout = bpe_dropout
     return tokenizer
