@@ -354,8 +354,9 @@ class TranslationDataModule(pl.LightningDataModule):
 def _encode_pairs(batch: dict[str, list[str]], tokenizer: str, unknown_id: int | None) -> dict[str, list[Any]]:
     """Ids (with the tokenizer's special tokens), lengths and unknown-token counts of a batch of pairs; `tokenizer` is
     the tokenizer's JSON text."""
-    source = [encoding.ids for encoding in backend_tokenizer(tokenizer).encode_batch(batch["source_text"])]
-    target = [encoding.ids for encoding in backend_tokenizer(tokenizer).encode_batch(batch["target_text"])]
+    encoder = backend_tokenizer(tokenizer)
+    source = [encoding.ids for encoding in encoder.encode_batch(batch["source_text"])]
+    target = [encoding.ids for encoding in encoder.encode_batch(batch["target_text"])]
     return {
         "input_ids": source,
         "labels": target,

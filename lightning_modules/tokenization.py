@@ -149,9 +149,9 @@ class BPEDropout:
 
 @functools.lru_cache(maxsize=4)
 def backend_tokenizer(state: str, bpe_dropout: float | None = None) -> Tokenizer:
-    """The tokenizers `Tokenizer` of a JSON text (`to_str()`), built once per process: the data module ships its
-    tokenizer to `datasets.map` and loader workers as this text, which pickles where a `Tokenizer` is costly to rebuild.
-    With `bpe_dropout`, its BPE model skips each merge with that probability."""
+    """The tokenizers `Tokenizer` of a JSON text (`to_str()`), built once per process and text: the data module hands
+    its tokenizer to `datasets.map` and to `BPEDropout` (which pickles into loader workers) as this text. With
+    `bpe_dropout`, its BPE model skips each merge with that probability."""
     tokenizer = Tokenizer.from_str(state)
     if bpe_dropout is not None:
         tokenizer.model.dropout = bpe_dropout
