@@ -300,11 +300,13 @@ def _resolve(flag: bool | None, config: TransformerConfig, name: str) -> bool:
 
 class TransformerStack(nn.Module):
     """What the encoder and decoder share: token embeddings * sqrt(d_model) + positional encodings, then dropout
-    (3.4, 3.5, 5.4), N layers, and a final LayerNorm when pre-LN."""
+    (3.4, 3.5, 5.4), N layers, and a final LayerNorm when pre-LN. `token_dropout` zeroes whole token embeddings in
+    training (word dropout; the encoder's is `config.source_token_dropout`)."""
 
-    def __init__(self, config: TransformerConfig, layers: list[nn.Module]):
+    def __init__(self, config: TransformerConfig, layers: list[nn.Module], token_dropout: float = 0.0):
         super().__init__()
         self.config = config
+        self.token_dropout = token_dropout
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.positional_encoding = SinusoidalPositionalEncoding(config.max_position_embeddings, config.d_model)
@@ -320,6 +322,9 @@ class TransformerStack(nn.Module):
             if not isinstance(past_length, torch.Tensor) and past_length == 0:  # later steps feed back predictions
                 check_token_ids(input_ids, self.embed_tokens.weight.shape[0])
             inputs_embeds = self.embed_tokens(input_ids)
+        if self.token_dropout and self.training:  # one draw per token, shared by its d_model features
+            keep = inputs_embeds.new_ones(inputs_embeds.shape[:-1] + (1,))
+            inputs_embeds = inputs_embeds * apply_dropout(keep, p=self.token_dropout, training=True)
         length = inputs_embeds.shape[1]
         check_positions(past_length + length, self.config.max_position_embeddings, self.positions_of)
         positions = self.positional_encoding(torch.arange(length, device=inputs_embeds.device) + past_length)
@@ -356,7 +361,9 @@ class TransformerEncoder(TransformerStack):
     positions_of = "the source"
 
     def __init__(self, config: TransformerConfig):
-        super().__init__(config, [EncoderLayer(config) for _ in range(config.encoder_layers)])
+        super().__init__(
+            config, [EncoderLayer(config) for _ in range(config.encoder_layers)], config.source_token_dropout
+        )
 
     @can_return_tuple
     def forward(

@@ -59,6 +59,7 @@ def test_presets_have_the_papers_parameter_counts(preset, expected_millions, tol
         ("dropout", 1.0),
         ("attention_dropout", -0.1),
         ("activation_dropout", 1.5),
+        ("source_token_dropout", 1.0),
         ("activation_function", "swishy"),
         ("pad_token_id", 37000),
         ("eos_token_id", 40000),
@@ -205,6 +206,28 @@ def test_dropout_zeroes_a_fraction_p_and_rescales_the_rest():
     # Neighbours share a random word but not their fate: both are dropped with probability p^2.
     assert abs((~kept[:, 0::2] & ~kept[:, 1::2]).float().mean().item() - 0.01) < 2e-3
     assert apply_dropout(x.detach().bfloat16(), 0.3, training=True).dtype == torch.bfloat16
+
+
+def test_source_token_dropout_drops_whole_source_embeddings_in_training_only(tiny_config):
+    model = make_model(tiny_config, dropout=0.0, source_token_dropout=0.5)
+    source = torch.randint(4, tiny_config.vocab_size, (64, 32))
+    encoder, decoder = model.model.encoder, model.model.decoder
+    with torch.no_grad():
+        scaled = encoder.embed_tokens(source) * encoder.embed_scale
+        positions = encoder.embed(None, torch.zeros_like(scaled))  # the positional encodings alone
+        model.train()
+        embedded = encoder.embed(source, None)
+        # Each token is either dropped whole (its positional encoding alone) or kept and scaled by 1 / (1 - p).
+        dropped = torch.isclose(embedded, positions, atol=1e-6).all(-1)
+        kept = torch.isclose(embedded, positions + scaled / 0.5, atol=1e-5).all(-1)
+        assert torch.equal(dropped, ~kept)
+        assert abs(dropped.float().mean().item() - 0.5) < 0.05  # 2048 draws: about 4.5 standard deviations
+        # The target side and evaluation are untouched.
+        torch.testing.assert_close(
+            decoder.embed(source, None), decoder.embed_tokens(source) * decoder.embed_scale + positions
+        )
+        model.eval()
+        torch.testing.assert_close(encoder.embed(source, None), scaled + positions)
 
 
 def test_shared_embeddings_and_output_projection_are_one_matrix(tiny_config):
