@@ -73,8 +73,8 @@ class TransformerConfig(PretrainedConfig):
         attention_dropout: dropout on the attention weights (not in the paper; tensor2tensor's default is 0).
         activation_dropout: dropout after the feed-forward activation (tensor2tensor's "relu_dropout").
         source_token_dropout: probability of zeroing a source token's whole embedding in training, the others scaled
-            by 1 / (1 - p) (not in the paper; word dropout, Gal & Ghahramani 2016, as Marian's `--dropout-src` and
-            the low-resource recipe of Sennrich & Zhang 2019): the encoder learns to translate with words missing.
+            by 1 / (1 - p) (not in the paper; word dropout over token positions, as Marian's `--dropout-src` and the
+            low-resource recipe of Sennrich & Zhang 2019): the encoder learns to translate with words missing.
         activation_function: non-linearity of the feed-forward networks ("relu" in the paper).
         max_position_embeddings: longest sequence the model accepts (the sinusoids themselves have no limit).
         scale_embedding: multiply the embeddings by sqrt(d_model), as in section 3.4.
