@@ -556,6 +556,7 @@ def test_the_card_is_valid_metadata_with_results_and_signatures(checkpoint_path:
     parameters = model_from_checkpoint(checkpoint).num_parameters()
     assert f"| Parameters | {parameters:,} " in card.text
     assert "| Training steps | 2 optimizer steps |" in card.text
+    assert "| Dropout P_drop | 0.0 |" in card.text  # the further dropouts are 0: left out
     assert "beam search with 3 beams, length penalty 0.8" in card.text
     assert "[W&B run](https://wandb.ai/alice/hf/runs/abc)" in card.text
     assert "| test | 31.23 | 58.90 | 1.50 |" in card.text
@@ -569,6 +570,7 @@ def test_the_card_of_a_hub_dataset_names_languages_dataset_and_base_model(
     checkpoint = load_checkpoint(checkpoint_path)
     checkpoint["datamodule_hyper_parameters"].update(dataset="bentrevett/multi30k", source_lang="de", target_lang="en")
     checkpoint["hyper_parameters"]["init_from"] = "alice/transformer-base"
+    checkpoint["hf_config"].update(dropout=0.2, attention_dropout=0.1, source_token_dropout=0.15)
 
     metadata = metadata_load(write_model_card(tmp_path, checkpoint))
 
@@ -579,3 +581,4 @@ def test_the_card_of_a_hub_dataset_names_languages_dataset_and_base_model(
     text = (tmp_path / "README.md").read_text()
     assert "No evaluation results were recorded" in text
     assert f'model_id = "{tmp_path.resolve()}"' in text
+    assert "| Dropout P_drop | 0.2; 0.1 on the attention weights; 0.15 of whole source tokens |" in text

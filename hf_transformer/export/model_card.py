@@ -271,12 +271,22 @@ def _architecture(run: _RunFacts) -> list[tuple[str, Any]]:
         ("d_model", config.d_model),
         ("Attention heads (encoder / decoder)", f"{config.encoder_attention_heads} / {config.decoder_attention_heads}"),
         ("Feed-forward size d_ff", f"{config.encoder_ffn_dim} ({config.activation_function})"),
-        ("Dropout P_drop", config.dropout),
+        ("Dropout P_drop", _dropouts(config)),
         ("Layer normalisation", norm),
         ("Vocabulary", f"{config.vocab_size} BPE tokens" + (f", {tied}" if tied else "")),
         ("Positions", f"sinusoidal, up to {config.max_position_embeddings} tokens"),
         ("Parameters", _count(run.num_parameters)),
     ]
+
+
+def _dropouts(config: TransformerConfig) -> str:
+    """P_drop (5.4), then each further dropout the run switched on: those set to 0 stay out of the card."""
+    further = (
+        ("on the attention weights", config.attention_dropout),
+        ("inside the feed-forward networks", config.activation_dropout),
+        ("of whole source tokens", config.source_token_dropout),
+    )
+    return "; ".join([str(config.dropout)] + [f"{p} {where}" for where, p in further if p])
 
 
 def _training(run: _RunFacts, compute: str | None) -> list[tuple[str, Any]]:
