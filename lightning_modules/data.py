@@ -7,7 +7,7 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch.distributed as dist
-from datasets import Dataset
+from datasets import Dataset, concatenate_datasets
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerFast
@@ -61,6 +61,9 @@ class TranslationDataModule(pl.LightningDataModule):
         dataset_config: the Hub dataset's configuration (e.g. "de-en" for wmt14).
         source_lang: the language translated from (a file suffix, a column or a `translation` key).
         target_lang: the language translated into.
+        extra_source_langs: more languages translated from, in training only: their pairs with `target_lang` join
+            the training split (many-to-one: Multi30k's French and Czech captions of the same images for English ->
+            German), and the BPE vocabulary is trained on them too. Validation and test keep `source_lang`.
         train_split: the name of the training split.
         validation_split: the name of the validation split.
         test_split: the name of the test split.
@@ -91,6 +94,7 @@ class TranslationDataModule(pl.LightningDataModule):
         dataset_config: str | None = None,
         source_lang: str = SOURCE_LANG,
         target_lang: str = TARGET_LANG,
+        extra_source_langs: list[str] | None = None,
         train_split: str = "train",
         validation_split: str = "validation",
         test_split: str = "test",
@@ -113,6 +117,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self.save_hyperparameters()
         if source_lang == target_lang:
             raise DataError(f"source_lang and target_lang are both {source_lang!r}: choose two different languages")
+        self._check_extra_source_langs()
         if dataset != "synthetic":
             check_source(dataset)
         if max_tokens < max(max_source_positions, max_target_positions):
@@ -132,6 +137,21 @@ class TranslationDataModule(pl.LightningDataModule):
             if bpe_dropout
             else self._collator
         )
+
+    def _check_extra_source_langs(self) -> None:
+        hp = self.hparams
+        extra = hp.extra_source_langs or []
+        repeated = sorted({lang for lang in extra if lang in (hp.source_lang, hp.target_lang) or extra.count(lang) > 1})
+        if repeated:
+            raise DataError(
+                f"data.extra_source_langs={extra} repeats {', '.join(map(repr, repeated))}: list each language once, "
+                f"other than source_lang {hp.source_lang!r} and target_lang {hp.target_lang!r}"
+            )
+        if extra and hp.dataset == "synthetic":
+            raise DataError(
+                f"data.extra_source_langs={extra}: the synthetic task has only the languages {SOURCE_LANG!r} and "
+                f"{TARGET_LANG!r}; set data.extra_source_langs to null or choose a dataset with more languages"
+            )
 
     # ----------------------------------------------------------------------------------------------- tokenizer
     def _load_or_train_tokenizer(self) -> PreTrainedTokenizerFast:
@@ -158,7 +178,10 @@ class TranslationDataModule(pl.LightningDataModule):
         names += ["bpe_vocab_size", "bpe_min_frequency"]
         if self.hparams.dataset == "synthetic":
             names += ["synthetic_train_size", "seed"]
-        return {name: self.hparams[name] for name in names}
+        recipe = {name: self.hparams[name] for name in names}
+        # None when unset, as a record saved before this field reads: those tokenizers stay valid.
+        recipe["extra_source_langs"] = self.hparams.extra_source_langs or None
+        return recipe
 
     # -------------------------------------------------------------------------------------------------- splits
     def _split_name(self, role: str) -> str:
@@ -176,10 +199,21 @@ class TranslationDataModule(pl.LightningDataModule):
                 for name, data in splits.items():
                     self._raw_splits[name] = to_pairs(data, hp.source_lang, hp.target_lang, origin="the synthetic task")
             else:
-                self._raw_splits[split] = load_split(
-                    hp.dataset, hp.dataset_config, split, hp.source_lang, hp.target_lang
-                )
+                pairs = load_split(hp.dataset, hp.dataset_config, split, hp.source_lang, hp.target_lang)
+                if split == hp.train_split and hp.extra_source_langs:
+                    pairs = concatenate_datasets([pairs, *map(self._extra_training_pairs, hp.extra_source_langs)])
+                self._raw_splits[split] = pairs
         return self._raw_splits[split]
+
+    def _extra_training_pairs(self, lang: str) -> Dataset:
+        hp = self.hparams
+        try:
+            return load_split(hp.dataset, hp.dataset_config, hp.train_split, lang, hp.target_lang)
+        except DataError as error:  # its fix names source_lang/target_lang; this language came from another field
+            raise DataError(
+                f"data.extra_source_langs={hp.extra_source_langs}: {error}. Remove {lang!r} from "
+                "data.extra_source_langs or add its training data"
+            ) from error
 
     def setup(self, stage: str | None = None) -> None:
         roles = _ROLES_OF_STAGE.get(stage, ("train", "validation", "test"))

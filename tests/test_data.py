@@ -495,6 +495,51 @@ def test_folder_of_text_files_with_split_names_mapped(tmp_path, suffix):
     assert pairs_of(reverse, "test") == sorted(zip(["un", "deux", "trois"], [s for s, _ in PAIRS], strict=True))
 
 
+FRENCH = ["un petit chien court", "deux hommes", "un chat"]
+
+
+def test_extra_source_langs_join_the_training_split_only(tmp_path):
+    """Many-to-one training: the French captions of the same pairs translate into the same German in training; the
+    evaluation splits keep English, and the tokenizer is trained on the French too (no `<unk>` for it)."""
+    for split in ("train", "validation", "test"):
+        write_lines(tmp_path / f"{split}.en", [s for s, _ in PAIRS])
+        write_lines(tmp_path / f"{split}.fr", FRENCH)
+        write_lines(tmp_path / f"{split}.de", [t for _, t in PAIRS])
+    tokenizer_dir = tmp_path / "tokenizer"
+    dm = local_module(tmp_path, extra_source_langs=["fr"], tokenizer_dir=str(tokenizer_dir))
+    train = dm.raw_pairs("train")
+    assert sorted(zip(train["source_text"], train["target_text"], strict=True)) == sorted(
+        PAIRS + list(zip(FRENCH, [t for _, t in PAIRS], strict=True))
+    )
+    assert dm.filter_stats["train"]["kept"] == 2 * len(PAIRS)
+    assert pairs_of(dm, "validation") == pairs_of(dm, "test") == sorted(PAIRS)
+    assert dm.tokenizer.unk_token_id not in dm.tokenizer(FRENCH)["input_ids"][0]
+    assert json.loads((tokenizer_dir / "trained_on.json").read_text())["extra_source_langs"] == ["fr"]
+    with pytest.raises(DataError, match=r"extra_source_langs: \['fr'\] then, None now"):
+        local_module(tmp_path, tokenizer_dir=str(tokenizer_dir), bpe_vocab_size=100)
+
+
+@pytest.mark.parametrize(
+    ("extra", "problem"), [(["de"], "repeats 'de'"), (["fr", "fr"], "repeats 'fr'"), (["en"], "repeats 'en'")]
+)
+def test_extra_source_langs_that_repeat_a_language_are_an_error(tmp_path, extra, problem):
+    with pytest.raises(DataError, match=rf"data.extra_source_langs=.*{problem}: list each language once"):
+        TranslationDataModule(dataset=str(tmp_path), source_lang="en", target_lang="de", extra_source_langs=extra)
+
+
+def test_extra_source_langs_missing_from_the_data_name_the_file(tmp_path):
+    for split in ("train", "validation", "test"):
+        write_lines(tmp_path / f"{split}.en", [s for s, _ in PAIRS])
+        write_lines(tmp_path / f"{split}.de", [t for _, t in PAIRS])
+    with pytest.raises(DataError, match=r"extra_source_langs=\['cs'\]: .*train\.cs.*Remove 'cs' from data.extra_sou"):
+        local_module(tmp_path, extra_source_langs=["cs"])
+
+
+def test_extra_source_langs_on_the_synthetic_task_is_an_error():
+    with pytest.raises(DataError, match=r"synthetic task has only the languages 'digits' and 'words'"):
+        TranslationDataModule(extra_source_langs=["fr"], **SMALL)
+
+
 @pytest.mark.parametrize("suffix", ["", ".gz"])
 def test_a_byte_order_mark_is_no_part_of_the_text(tmp_path, suffix):
     """Files saved by Windows editors start with a UTF-8 byte-order mark, which became a token of the vocabulary."""

@@ -568,7 +568,9 @@ def test_the_card_of_a_hub_dataset_names_languages_dataset_and_base_model(
     checkpoint_path: Path, tmp_path: Path
 ) -> None:
     checkpoint = load_checkpoint(checkpoint_path)
-    checkpoint["datamodule_hyper_parameters"].update(dataset="bentrevett/multi30k", source_lang="de", target_lang="en")
+    checkpoint["datamodule_hyper_parameters"].update(
+        dataset="bentrevett/multi30k", source_lang="de", target_lang="en", extra_source_langs=["fr", "cs"]
+    )
     checkpoint["hyper_parameters"]["init_from"] = "alice/transformer-base"
     checkpoint["hf_config"].update(dropout=0.2, attention_dropout=0.1, source_token_dropout=0.15)
 
@@ -582,3 +584,4 @@ def test_the_card_of_a_hub_dataset_names_languages_dataset_and_base_model(
     assert "No evaluation results were recorded" in text
     assert f'model_id = "{tmp_path.resolve()}"' in text
     assert "| Dropout P_drop | 0.2; 0.1 on the attention weights; 0.15 of whole source tokens |" in text
+    assert "| Training pairs | de -> en, fr -> en, cs -> en (`data.extra_source_langs`) |" in text
