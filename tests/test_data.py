@@ -495,7 +495,7 @@ def test_folder_of_text_files_with_split_names_mapped(tmp_path, suffix):
     assert pairs_of(reverse, "test") == sorted(zip(["un", "deux", "trois"], [s for s, _ in PAIRS], strict=True))
 
 
-FRENCH = ["un petit chien court", "deux hommes", "un chat"]
+FRENCH = ["un petit chien élancé court", "deux hommes à la fenêtre", "un chat français"]  # é à ê ç: not in en/de
 
 
 def test_extra_source_langs_join_the_training_split_only(tmp_path):
@@ -513,7 +513,9 @@ def test_extra_source_langs_join_the_training_split_only(tmp_path):
     )
     assert dm.filter_stats["train"]["kept"] == 2 * len(PAIRS)
     assert pairs_of(dm, "validation") == pairs_of(dm, "test") == sorted(PAIRS)
-    assert dm.tokenizer.unk_token_id not in dm.tokenizer(FRENCH)["input_ids"][0]
+    assert not [ids for ids in dm.tokenizer(FRENCH)["input_ids"] if dm.tokenizer.unk_token_id in ids]
+    english_only = local_module(tmp_path).tokenizer
+    assert [ids for ids in english_only(FRENCH)["input_ids"] if english_only.unk_token_id in ids]
     assert json.loads((tokenizer_dir / "trained_on.json").read_text())["extra_source_langs"] == ["fr"]
     with pytest.raises(DataError, match=r"extra_source_langs: \['fr'\] then, None now"):
         local_module(tmp_path, tokenizer_dir=str(tokenizer_dir), bpe_vocab_size=100)
