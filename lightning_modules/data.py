@@ -201,19 +201,13 @@ class TranslationDataModule(pl.LightningDataModule):
             else:
                 pairs = load_split(hp.dataset, hp.dataset_config, split, hp.source_lang, hp.target_lang)
                 if split == hp.train_split and hp.extra_source_langs:
-                    pairs = concatenate_datasets([pairs, *map(self._extra_training_pairs, hp.extra_source_langs)])
+                    extra = [
+                        load_split(hp.dataset, hp.dataset_config, split, lang, hp.target_lang)
+                        for lang in hp.extra_source_langs
+                    ]
+                    pairs = concatenate_datasets([pairs, *extra])
                 self._raw_splits[split] = pairs
         return self._raw_splits[split]
-
-    def _extra_training_pairs(self, lang: str) -> Dataset:
-        hp = self.hparams
-        try:
-            return load_split(hp.dataset, hp.dataset_config, hp.train_split, lang, hp.target_lang)
-        except DataError as error:  # its fix names source_lang/target_lang; this language came from another field
-            raise DataError(
-                f"data.extra_source_langs={hp.extra_source_langs}: {error}. Remove {lang!r} from "
-                "data.extra_source_langs or add its training data"
-            ) from error
 
     def setup(self, stage: str | None = None) -> None:
         roles = _ROLES_OF_STAGE.get(stage, ("train", "validation", "test"))

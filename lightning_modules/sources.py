@@ -33,6 +33,8 @@ _TABLE_FORMATS = {
 _TEXT_FEATURES = Features({"text": Value("string")})
 # The UTF-8 byte-order mark that some editors (Windows Notepad, Excel) write at the start of a file.
 _BYTE_ORDER_MARK = codecs.BOM_UTF8.decode()
+# The fix for a language not in the data: the data module fields that name languages.
+_CHOOSE_LANGUAGES = "Choose data.source_lang, data.target_lang and data.extra_source_langs among them"
 
 
 def load_split(dataset: str, config: str | None, split: str, source_lang: str, target_lang: str) -> Dataset:
@@ -106,7 +108,7 @@ def _load_from_folder(folder: Path, split: str, source_lang: str, target_lang: s
         if lang not in files:
             raise DataError(
                 f"language {lang!r} not in the data: looked for {folder}/{split}.{lang}[.gz]; languages present for "
-                f"split {split!r}: {', '.join(files)}. Choose source_lang/target_lang among them"
+                f"split {split!r}: {', '.join(files)}. {_CHOOSE_LANGUAGES}"
             )
     return _load_text_pair(files[source_lang], files[target_lang], source_lang, target_lang)
 
@@ -198,7 +200,7 @@ def to_pairs(
         if lang not in languages:
             raise DataError(
                 f"{origin}: language {lang!r} not in the data; languages present: {', '.join(languages)}. "
-                "Choose source_lang/target_lang among them"
+                + _CHOOSE_LANGUAGES
             )
     columns = {prefix + source_lang: "source_text", prefix + target_lang: "target_text"}
     data = data.select_columns(list(columns)).rename_columns(columns)
