@@ -53,15 +53,15 @@ def score(checkpoint: dict, sources: list[str], references: list[str], max_token
 
 
 def tune_decoding(
-    checkpoint: dict, beams: list[int], penalties: list[float], max_tokens: int, limit: int | None
+    checkpoint: dict, beams: list[int], penalties: list[float], max_tokens: int, limit: int | None, select_on: str
 ) -> dict:
-    """The beam size and length penalty with the best sacreBLEU on `val`, and every setting's val score."""
+    """The beam size and length penalty with the best `select_on` score on `val`, and every setting's val score."""
     sources, references = read_split("val", "en")[:limit], read_split("val", "de")[:limit]
     grid = {}
     for num_beams, length_penalty in itertools.product(beams, penalties):
         result = score(checkpoint, sources, references, max_tokens, num_beams=num_beams, length_penalty=length_penalty)
-        grid[f"beam {num_beams}, length penalty {length_penalty}"] = result["scores"]["sacreBLEU"]
-        print(f"val: beam {num_beams}, length penalty {length_penalty}: sacreBLEU {grid[next(reversed(grid))]:.2f}")
+        grid[f"beam {num_beams}, length penalty {length_penalty}"] = result["scores"][select_on]
+        print(f"val: beam {num_beams}, length penalty {length_penalty}: {select_on} {grid[next(reversed(grid))]:.2f}")
     best = max(grid, key=grid.get)
     num_beams, length_penalty = best.removeprefix("beam ").split(", length penalty ")
     return {"num_beams": int(num_beams), "length_penalty": float(length_penalty), "val_grid": grid}
@@ -120,6 +120,13 @@ def main() -> None:
     parser.add_argument("--length-penalties", default="0.6", help="length penalties to try on val, e.g. 0.6,1.0")
     parser.add_argument("--limit", type=int, default=None, help="score only the first N sentences of each split")
     parser.add_argument("--max-tokens", type=int, default=8192)
+    parser.add_argument(
+        "--select-on",
+        default="sacreBLEU",
+        choices=["sacreBLEU", "sacreBLEU, lowercased"],
+        help="the val score that chooses the decoding and gives the val -> test gap: lowercased for a run trained "
+        "with data.lowercase",
+    )
     parser.add_argument("--out", default=str(RESULTS / "multi30k.json"))
     args = parser.parse_args()
     run = Path(args.run_dir)
@@ -135,7 +142,7 @@ def main() -> None:
         "averaged_checkpoints": [path.name for path in averaged_paths],
     }
     for key, checkpoint in checkpoints.items():
-        decoding = tune_decoding(checkpoint, beams, penalties, args.max_tokens, args.limit)
+        decoding = tune_decoding(checkpoint, beams, penalties, args.max_tokens, args.limit, args.select_on)
         settings = {"num_beams": decoding["num_beams"], "length_penalty": decoding["length_penalty"]}
         splits = {"val": ("val", "en", "de"), "test_2016_flickr": ("test_2016_flickr", "en", "de")}
         results = {}
@@ -143,11 +150,11 @@ def main() -> None:
             sources = read_split(split, source_lang)[: args.limit]
             references = read_split(split, target_lang)[: args.limit]
             results[name] = score(checkpoint, sources, references, args.max_tokens, **settings)
-        gap = results["test_2016_flickr"]["scores"]["sacreBLEU"] - results["val"]["scores"]["sacreBLEU"]
+        gap = results["test_2016_flickr"]["scores"][args.select_on] - results["val"]["scores"][args.select_on]
         report[key] = {"decoding": decoding, **results, "val_to_test_gap": gap}
         print(f"\n{key} (step {checkpoint['global_step']}), {settings} chosen on val; test_2016_flickr:")
         print(results["test_2016_flickr"]["table"])
-        print(f"val -> test gap (sacreBLEU): {gap:+.2f}")
+        print(f"val -> test gap ({args.select_on}): {gap:+.2f}")
 
     minutes = f" ({report['training_minutes']:.1f} min of training)" if report["training_minutes"] else ""
     print(f"\nMulti30k en->de after {report['steps']} steps{minutes}")

@@ -64,6 +64,10 @@ class TranslationDataModule(pl.LightningDataModule):
         extra_source_langs: more languages translated from, in training only: their pairs with `target_lang` join
             the training split (many-to-one: Multi30k's French and Czech captions of the same images for English ->
             German), and the BPE vocabulary is trained on them too. Validation and test keep `source_lang`.
+        lowercase: lowercase both sides of every split, as the tokenized, lowercased Multi30k files that most Multi30k
+            papers train and score on (the Revisit-MMT baseline among them): validation and test references are
+            lowercased too. A trained BPE tokenizer lowercases what it encodes, so the trained model takes cased
+            input and writes lowercased text.
         train_split: the name of the training split.
         validation_split: the name of the validation split.
         test_split: the name of the test split.
@@ -95,6 +99,7 @@ class TranslationDataModule(pl.LightningDataModule):
         source_lang: str = SOURCE_LANG,
         target_lang: str = TARGET_LANG,
         extra_source_langs: list[str] | None = None,
+        lowercase: bool = False,
         train_split: str = "train",
         validation_split: str = "validation",
         test_split: str = "test",
@@ -157,7 +162,14 @@ class TranslationDataModule(pl.LightningDataModule):
     def _load_or_train_tokenizer(self) -> PreTrainedTokenizerFast:
         hp = self.hparams
         if hp.tokenizer is not None:
-            return load_tokenizer(hp.tokenizer)
+            tokenizer = load_tokenizer(hp.tokenizer)
+            if hp.lowercase and not _lowercases(tokenizer):
+                rank_zero_warn(
+                    f"data.lowercase lowercases the data, but tokenizer {hp.tokenizer!r} does not lowercase: the model "
+                    "will be trained on lowercased text and given cased text when it translates. Give a lowercasing "
+                    "tokenizer, or none (data.tokenizer: null) to train one that lowercases"
+                )
+            return tokenizer
         if has_saved_tokenizer(hp.tokenizer_dir):
             check_trained_on(hp.tokenizer_dir, self._tokenizer_recipe())
             rank_zero_info(f"Loading the tokenizer saved in {hp.tokenizer_dir}, trained earlier on the same data")
@@ -167,7 +179,7 @@ class TranslationDataModule(pl.LightningDataModule):
         )
         rows = self.raw_pairs(hp.train_split).iter(batch_size=1000)
         sentences = (batch[side] for batch in rows for side in ("source_text", "target_text"))
-        tokenizer = train_bpe_tokenizer(sentences, hp.bpe_vocab_size, hp.bpe_min_frequency)
+        tokenizer = train_bpe_tokenizer(sentences, hp.bpe_vocab_size, hp.bpe_min_frequency, hp.lowercase)
         if hp.tokenizer_dir is not None:
             save_tokenizer(tokenizer, hp.tokenizer_dir, self._tokenizer_recipe())
         return tokenizer
@@ -179,8 +191,9 @@ class TranslationDataModule(pl.LightningDataModule):
         if self.hparams.dataset == "synthetic":
             names += ["synthetic_train_size", "seed"]
         recipe = {name: self.hparams[name] for name in names}
-        # None when unset, as a record saved before this field reads: those tokenizers stay valid.
+        # None when unset, as a record saved before these fields reads: those tokenizers stay valid.
         recipe["extra_source_langs"] = self.hparams.extra_source_langs or None
+        recipe["lowercase"] = self.hparams.lowercase or None
         return recipe
 
     # -------------------------------------------------------------------------------------------------- splits
@@ -206,6 +219,8 @@ class TranslationDataModule(pl.LightningDataModule):
                         for lang in hp.extra_source_langs
                     ]
                     pairs = concatenate_datasets([pairs, *extra])
+                if hp.lowercase:  # the synthetic task is lowercase already
+                    pairs = pairs.map(_lowercase_pairs, batched=True, desc="Lowercasing")
                 self._raw_splits[split] = pairs
         return self._raw_splits[split]
 
@@ -377,6 +392,16 @@ class TranslationDataModule(pl.LightningDataModule):
                 f"{batch_sampler.max_tokens} tokens per device, and trainer.{name}={limit} keeps {limit:.0%} of them: "
                 f"less than one. Set trainer.{name} to 1.0 (the whole split) or to a number of batches (an int, e.g. 1)"
             )
+
+
+def _lowercases(tokenizer: PreTrainedTokenizerFast) -> bool:
+    """Whether the tokenizer lowercases what it encodes."""
+    normalizer = tokenizer.backend_tokenizer.normalizer
+    return normalizer is not None and normalizer.normalize_str("A") == "a"
+
+
+def _lowercase_pairs(batch: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {side: [text.lower() for text in batch[side]] for side in ("source_text", "target_text")}
 
 
 def _encode_pairs(batch: dict[str, list[str]], tokenizer: str, unknown_id: int | None) -> dict[str, list[Any]]:

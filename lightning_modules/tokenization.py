@@ -22,7 +22,9 @@ PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = {"pad_token": PAD, "bos_token": BOS, "eos_token": EOS, "unk_token": UNK}
 
 
-def train_bpe_tokenizer(texts: Iterable[list[str]], vocab_size: int, min_frequency: int) -> PreTrainedTokenizerFast:
+def train_bpe_tokenizer(
+    texts: Iterable[list[str]], vocab_size: int, min_frequency: int, lowercase: bool = False
+) -> PreTrainedTokenizerFast:
     """Train one BPE vocabulary shared by source and target on batches of sentences.
 
     NFKC normalisation and a Metaspace pre-tokenizer make `decode(encode(s))` give back `s` for ordinary text.
@@ -30,10 +32,13 @@ def train_bpe_tokenizer(texts: Iterable[list[str]], vocab_size: int, min_frequen
     makes them: otherwise "Büsche." and "Büsche" share no token, and a 10,000-token Multi30k vocabulary spent 1,546
     tokens on words glued to a mark ("▁Blumen.", "▁Frau,"). Digits are split one by one so that numbers are spelled
     out digit by digit (the synthetic task needs it; real text loses little). Encoding appends `</s>` and no `<s>`:
-    the model starts decoding from `<s>` itself.
+    the model starts decoding from `<s>` itself. `lowercase` adds lowercasing to the normalisation: the vocabulary is
+    learnt on lowercased text, and every text encoded later, a user's input included, is lowercased first.
     """
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
-    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.normalizer = (
+        normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()]) if lowercase else normalizers.NFKC()
+    )
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation(), pre_tokenizers.Digits(individual_digits=True)]
     )

@@ -120,12 +120,18 @@ def test_quality_report_runs_on_a_short_run(run_dir):
         "2",
         "--limit",
         "8",
+        "--select-on",
+        "sacreBLEU, lowercased",
         "--out",
         str(out),
         cwd=run_dir,
     )
     report = json.loads(out.read_text())
     assert {"last_checkpoint", "average_last_2"} <= set(report)
+    last = report["last_checkpoint"]  # one decoding tried; val chose it on its lowercased score
+    assert list(last["decoding"]["val_grid"].values()) == [last["val"]["scores"]["sacreBLEU, lowercased"]]
+    lowercased = {split: last[split]["scores"]["sacreBLEU, lowercased"] for split in ("val", "test_2016_flickr")}
+    assert last["val_to_test_gap"] == lowercased["test_2016_flickr"] - lowercased["val"]
     assert (run_dir / "quality_learning_curve.png").exists()
     assert set(report["last_checkpoint"]["test_2016_flickr"]["scores"]) >= {"sacreBLEU", "tokenized BLEU, lowercased"}
 

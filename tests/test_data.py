@@ -540,6 +540,39 @@ def test_extra_source_langs_missing_from_the_data_name_the_file(tmp_path):
         local_module(tmp_path, extra_source_langs=["cs"])
 
 
+def test_lowercase_lowercases_every_split_and_the_tokenizer(tmp_path):
+    """`data.lowercase`: the pairs of every split (the references scored on too) are lowercased, and the tokenizer
+    trained on them lowercases what it encodes, so that a user's cased input gets the ids of its lowercased form."""
+    for split in ("train", "validation", "test"):
+        write_lines(tmp_path / f"{split}.en", [s.title() for s, _ in PAIRS])
+        write_lines(tmp_path / f"{split}.de", [t.upper() for _, t in PAIRS])
+    tokenizer_dir = tmp_path / "tokenizer"
+    dm = local_module(tmp_path, lowercase=True, tokenizer_dir=str(tokenizer_dir))
+    lowercased = sorted((source.lower(), target.lower()) for source, target in PAIRS)
+    assert pairs_of(dm, "validation") == pairs_of(dm, "test") == lowercased
+    train = dm.raw_pairs("train")
+    assert sorted(zip(train["source_text"], train["target_text"], strict=True)) == lowercased
+    assert dm.tokenizer("Ein KLEINER Hund")["input_ids"] == dm.tokenizer("ein kleiner hund")["input_ids"]
+    assert dm.tokenizer.decode(dm.tokenizer("Zwei Männer")["input_ids"], skip_special_tokens=True) == "zwei männer"
+    cased = local_module(tmp_path)
+    assert cased.tokenizer("Zwei")["input_ids"] != cased.tokenizer("zwei")["input_ids"]
+    assert json.loads((tokenizer_dir / "trained_on.json").read_text())["lowercase"] is True
+    with pytest.raises(DataError, match=r"lowercase: True then, None now"):
+        local_module(tmp_path, tokenizer_dir=str(tokenizer_dir))
+
+
+def test_lowercase_with_a_tokenizer_that_keeps_case_warns(tmp_path):
+    for split in ("train", "validation", "test"):
+        write_lines(tmp_path / f"{split}.en", [s for s, _ in PAIRS])
+        write_lines(tmp_path / f"{split}.de", [t for _, t in PAIRS])
+    tokenizer_dir = tmp_path / "cased"
+    local_module(tmp_path, tokenizer_dir=str(tokenizer_dir))
+    with pytest.warns(UserWarning, match=r"does not lowercase: .*data.tokenizer: null"):
+        TranslationDataModule(
+            dataset=str(tmp_path), source_lang="en", target_lang="de", tokenizer=str(tokenizer_dir), lowercase=True
+        )
+
+
 def test_extra_source_langs_on_the_synthetic_task_is_an_error():
     with pytest.raises(DataError, match=r"synthetic task has only the languages 'digits' and 'words'"):
         TranslationDataModule(extra_source_langs=["fr"], **SMALL)

@@ -569,7 +569,11 @@ def test_the_card_of_a_hub_dataset_names_languages_dataset_and_base_model(
 ) -> None:
     checkpoint = load_checkpoint(checkpoint_path)
     checkpoint["datamodule_hyper_parameters"].update(
-        dataset="bentrevett/multi30k", source_lang="de", target_lang="en", extra_source_langs=["fr", "cs"]
+        dataset="bentrevett/multi30k",
+        source_lang="de",
+        target_lang="en",
+        extra_source_langs=["fr", "cs"],
+        lowercase=True,
     )
     checkpoint["hyper_parameters"]["init_from"] = "alice/transformer-base"
     checkpoint["hf_config"].update(dropout=0.2, attention_dropout=0.1, source_token_dropout=0.15)
@@ -585,3 +589,4 @@ def test_the_card_of_a_hub_dataset_names_languages_dataset_and_base_model(
     assert f'model_id = "{tmp_path.resolve()}"' in text
     assert "| Dropout P_drop | 0.2; 0.1 on the attention weights; 0.15 of whole source tokens |" in text
     assert "| Training pairs | de -> en, fr -> en, cs -> en (`data.extra_source_langs`) |" in text
+    assert "| Text | lowercased on both sides, in training and scoring (`data.lowercase`) |" in text

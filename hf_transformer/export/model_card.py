@@ -300,6 +300,8 @@ def _training(run: _RunFacts, compute: str | None) -> list[tuple[str, Any]]:
     if data.get("extra_source_langs"):
         pairs = [f"{lang} -> {run.target_lang}" for lang in (run.source_lang, *data["extra_source_langs"])]
         rows.append(("Training pairs", f"{', '.join(pairs)} (`data.extra_source_langs`)"))
+    if data.get("lowercase"):
+        rows.append(("Text", "lowercased on both sides, in training and scoring (`data.lowercase`)"))
     if data.get("max_tokens"):
         budget = data["max_tokens"]
         rows.append(("Batch size", f"up to {budget} source and {budget} target tokens per batch and device (padded)"))
