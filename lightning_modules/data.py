@@ -64,7 +64,7 @@ class TranslationDataModule(pl.LightningDataModule):
         extra_source_langs: more languages translated from, in training only: their pairs with `target_lang` join
             the training split (many-to-one: Multi30k's French and Czech captions of the same images for English ->
             German), and the BPE vocabulary is trained on them too. Validation and test keep `source_lang`.
-        lowercase: lowercase both sides of every split, as the tokenized, lowercased Multi30k files that most Multi30k
+        lowercase: lowercase both sides of every split, as the tokenized, lowercased Multi30k files that many Multi30k
             papers train and score on (the Revisit-MMT baseline among them): validation and test references are
             lowercased too. A trained BPE tokenizer lowercases what it encodes, so the trained model takes cased
             input and writes lowercased text.
