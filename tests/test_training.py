@@ -436,6 +436,31 @@ def test_checkpoint_averaging_is_the_mean_of_the_weights(run_dir):
     assert (run_dir / "averaged" / "model.safetensors").exists()
 
 
+EMA = ("--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging", "--trainer.callbacks.decay=0.9")
+
+
+def test_ema_weights_are_what_a_checkpoint_exports_and_resume_continues_both(run_dir):
+    """With Lightning's EMAWeightAveraging in trainer.callbacks a checkpoint's state_dict holds the exponential moving
+    average (what export, test and averaging read) and current_model_state the weights being trained; stopped at step 6
+    and resumed, both end as in 12 uninterrupted steps."""
+    fit("--trainer.max_steps=12", *EMA)
+    uninterrupted = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")
+    (run_dir / "runs/demo/checkpoints").rename(run_dir / "uninterrupted")
+    fit("--trainer.max_steps=6", *EMA)
+    fit("--trainer.max_steps=12", "--ckpt_path=last", *EMA)
+    resumed = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")
+    for state in ("state_dict", "current_model_state"):
+        for name, tensor in uninterrupted[state].items():
+            torch.testing.assert_close(resumed[state][name], tensor, atol=1e-6, rtol=0, msg=f"{state} {name}")
+    name = "model.model.encoder.layers.0.feed_forward.fc1.weight"
+    assert not torch.allclose(uninterrupted["state_dict"][name], uninterrupted["current_model_state"][name])
+    export(uninterrupted, run_dir / "exported")
+    exported = TransformerForConditionalGeneration.from_pretrained(run_dir / "exported")
+    torch.testing.assert_close(
+        exported.model.encoder.layers[0].feed_forward.fc1.weight, uninterrupted["state_dict"][name], atol=0, rtol=0
+    )
+
+
 def test_a_checkpoint_is_written_beside_its_target_and_a_write_cut_short_leaves_the_previous_file(
     tmp_path, monkeypatch
 ):
