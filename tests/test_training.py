@@ -441,8 +441,8 @@ EMA = ("--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging", "-
 
 def test_ema_weights_are_what_a_checkpoint_exports_and_resume_continues_both(run_dir):
     """With Lightning's EMAWeightAveraging in trainer.callbacks a checkpoint's state_dict holds the exponential moving
-    average (what export, test and averaging read) and current_model_state the weights being trained; stopped at step 6
-    and resumed, both end as in 12 uninterrupted steps."""
+    average (what export and averaging read) and current_model_state the weights being trained; stopped at a step
+    checkpoint (step 6) and resumed, both end as in 12 uninterrupted steps."""
     fit("--trainer.max_steps=12", *EMA)
     uninterrupted = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")
     (run_dir / "runs/demo/checkpoints").rename(run_dir / "uninterrupted")
