@@ -12,12 +12,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import TINY_CONFIG
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from torch import nn
 
 from hf_transformer import loss
 from hf_transformer.errors import ConfigError
 from hf_transformer.loss import linear_cross_entropy, translation_loss
 from lightning_modules import TranslationDataModule, TranslationModule
-from lightning_modules.module import inverse_sqrt_lr_lambda
+from lightning_modules.module import fused_adam_allowed, inverse_sqrt_lr_lambda
 
 
 def tiny_module(vocab_size: int = 64, **overrides) -> TranslationModule:
@@ -248,11 +250,27 @@ def test_adam_is_fused_on_gpus_and_multi_tensor_elsewhere(device):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("fused Adam is chosen on a CUDA GPU")
     module = tiny_module().to(device)
+    module.trainer = pl.Trainer(accelerator="gpu" if device == "cuda" else "cpu", devices=1, logger=False)
     optimizer = module.configure_optimizers()["optimizer"]
     assert (bool(optimizer.defaults["fused"]), bool(optimizer.defaults["foreach"])) == (
         device == "cuda",
         device != "cuda",
     )
+
+
+@pytest.mark.parametrize("gradient_clip_val", [None, 0.0, 1.0])
+@pytest.mark.parametrize("precision_plugin", [Precision(), MixedPrecision("bf16-mixed", "cpu")], ids=["32", "bf16"])
+def test_adam_is_fused_only_where_lightning_clips_a_fused_optimizer(precision_plugin, gradient_clip_val):
+    """Lightning's mixed-precision plugin raises when it clips a fused optimizer's gradients (this stopped a bf16 run
+    on a GPU at its first step): Adam is fused exactly where clipping a fused AdamW (on the CPU here) goes through."""
+    parameter = nn.Parameter(torch.ones(3))
+    parameter.grad = torch.full((3,), 2.0)
+    try:
+        precision_plugin.clip_gradients(torch.optim.AdamW([parameter], fused=True), gradient_clip_val or 0.0)
+        clipped = True
+    except RuntimeError:
+        clipped = False
+    assert fused_adam_allowed(precision_plugin, gradient_clip_val) == clipped
 
 
 @pytest.mark.parametrize("peak", [None, 3e-3])
