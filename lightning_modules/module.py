@@ -12,6 +12,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.strategies import FSDPStrategy, Strategy
 from torch import nn
 from torchmetrics.text import CHRFScore, SacreBLEUScore
 from transformers import PreTrainedTokenizerFast
@@ -76,6 +77,16 @@ def fused_adam_allowed(precision_plugin: Precision, gradient_clip_val: float | N
     optimizer that unscales them itself (fp16's gradient scaler would unscale them inside the fused step) and stops the
     run at its first step, as a bf16-mixed run of configs/multi30k.yaml on an H200 showed."""
     return not (gradient_clip_val and isinstance(precision_plugin, MixedPrecision))
+
+
+def clips_norm_through_fsdp(
+    strategy: Strategy, gradient_clip_val: float | None, gradient_clip_algorithm: str | None
+) -> bool:
+    """Whether clipping the gradients' norm must go through FSDP's root module: Lightning's FSDP plugin refuses to clip
+    by norm (Lightning issue #19235), since each rank holds a shard of the gradients and only the root module computes
+    the whole norm. Clipping by value needs no norm, and Lightning's plugin does it."""
+    clips_norm = (gradient_clip_algorithm or "norm") == "norm"
+    return bool(gradient_clip_val) and clips_norm and isinstance(strategy, FSDPStrategy)
 
 
 def model_config(preset: str, overrides: dict[str, Any] | None, vocabulary: dict[str, int]) -> TransformerConfig:
@@ -285,6 +296,18 @@ class TranslationModule(pl.LightningModule):
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Lightning's clipping (`trainer.gradient_clip_val`), by FSDP's root module where Lightning cannot do it."""
+        if clips_norm_through_fsdp(self.trainer.strategy, gradient_clip_val, gradient_clip_algorithm):
+            self.trainer.model.clip_grad_norm_(gradient_clip_val)
+        else:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # --- evaluation --------------------------------------------------------------------------------------------
 

@@ -1,18 +1,24 @@
 """Train a tiny `TranslationModule` for a few steps on fixed batches, each rank on its share of every batch, and save
 the weights. `tests/test_distributed.py` runs it as one process, as two DDP processes (`--devices 2`) and as two
-single-process "nodes" started by `torchrun`, and compares the weights.
+single-process "nodes" started by `torchrun`, and compares the weights; on GPUs also with the strategy of
+configs/trainer/fsdp.yaml (`--strategy fsdp`), which Lightning runs on GPUs only.
 
-    python tests/ddp_train.py OUT.pt [--devices N] [--num-nodes N]
+    python tests/ddp_train.py OUT.pt [--devices N] [--num-nodes N] [--accelerator cpu|gpu] [--strategy ddp|fsdp]
+        [--gradient-clip-val V]
 
 A script rather than a test: `strategy="ddp"` starts the other ranks by re-running `sys.argv`, which inside pytest
 would re-run the whole test session.
 """
 
 import argparse
+import importlib
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+import yaml
 from conftest import tiny_module
+from lightning.pytorch.strategies import FSDPStrategy
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_modules.module import TranslationModule
@@ -24,6 +30,7 @@ VOCAB_SIZE = 32
 PAD, BOS, EOS = 0, 1, 2
 MAX_SOURCE_LENGTH = 9
 TARGET_LENGTH = 6
+FSDP_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "trainer" / "fsdp.yaml"
 
 
 def ddp_module() -> TranslationModule:
@@ -99,8 +106,18 @@ class RecordSources(pl.Callback):
         self.gathered = gathered if trainer.world_size > 1 else gathered[None]
 
 
-def state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: tensor.detach().cpu().clone() for name, tensor in module.state_dict().items()}
+def state(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().cpu().clone() for name, tensor in state_dict.items()}
+
+
+def fsdp_strategy() -> FSDPStrategy:
+    """configs/trainer/fsdp.yaml's strategy, its wrapped layer classes imported as LightningCLI would."""
+    init_args = dict(yaml.safe_load(FSDP_CONFIG.read_text())["trainer"]["strategy"]["init_args"])
+    init_args["auto_wrap_policy"] = {
+        getattr(importlib.import_module(module), name)
+        for module, name in (path.rsplit(".", 1) for path in init_args["auto_wrap_policy"])
+    }
+    return FSDPStrategy(**init_args)
 
 
 def main() -> None:
@@ -108,21 +125,26 @@ def main() -> None:
     parser.add_argument("out", help="where rank 0 saves the initial and trained weights (torch.save)")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--num-nodes", type=int, default=1)
+    parser.add_argument("--accelerator", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp", help="ddp: with more than one process")
+    parser.add_argument("--gradient-clip-val", type=float, default=None, help="clip the gradients' norm to this")
     args = parser.parse_args()
 
     # One thread per process: the same summation order in every run, and no oversubscribed CPU cores.
     torch.set_num_threads(1)
     pl.seed_everything(SEED, verbose=False)
     module = ddp_module()
-    initial = state(module)
+    initial = state(module.state_dict())
     distributed = args.devices * args.num_nodes > 1
+    strategy = fsdp_strategy() if args.strategy == "fsdp" else "ddp" if distributed else "auto"  # DDP on CPUs: gloo
     sources = RecordSources()
     trainer = pl.Trainer(
-        accelerator="cpu",
+        accelerator=args.accelerator,
         devices=args.devices,
         num_nodes=args.num_nodes,
-        strategy="ddp" if distributed else "auto",  # DDP on CPU uses gloo
+        strategy=strategy,
         max_steps=STEPS,
+        gradient_clip_val=args.gradient_clip_val,
         use_distributed_sampler=False,  # the data module shards itself
         logger=False,
         enable_checkpointing=False,
@@ -131,13 +153,14 @@ def main() -> None:
         callbacks=[sources],
     )
     trainer.fit(module, datamodule=SharedBatches())
+    trained = state(trainer.strategy.lightning_module_state_dict())  # FSDP gathers the shards: every rank calls it
     if trainer.is_global_zero:
         result = {
             "world_size": trainer.world_size,
             "steps": trainer.global_step,
             "sources": sources.gathered,
             "initial": initial,
-            "trained": state(module),
+            "trained": trained,
         }
         torch.save(result, args.out)
     if torch.distributed.is_initialized():

@@ -26,6 +26,9 @@ REPO = SCRIPT.parent.parent
 TIMEOUT_S = 180  # a run takes 10-20 s on two shared cores; a hung all-reduce must not hang the test session
 ATOL = 1e-5
 STEPS = 4  # ddp_train.STEPS
+# A gradient-norm bound every step exceeds: the clipped gradients' elements are then of the order of Adam's eps, so the
+# updates depend on the clipping factor, and a norm computed on one rank's shard alone would change them.
+CLIP = 1e-3
 
 
 def free_port() -> int:
@@ -163,3 +166,20 @@ def test_two_nodes_launched_by_torchrun_match_one_process(reference, tmp_path):
     ]
     run_together(commands, loopback_env(port), tmp_path / "logs")
     assert_same_training(torch.load(out, weights_only=True), reference, world_size=2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Lightning runs FSDP on GPUs only")
+def test_fsdp_clips_the_gradient_norm_as_one_process(tmp_path):
+    """configs/trainer/fsdp.yaml's strategy with `trainer.gradient_clip_val`, which Lightning's FSDP plugin refuses to
+    apply by norm and the module hands to FSDP's root module, on up to two GPUs: each rank holds a shard of the
+    gradients, the norm is the whole gradient's, and the weights reach those of one GPU clipping without FSDP."""
+    devices = min(torch.cuda.device_count(), 2)
+    on_gpu = ("--accelerator", "gpu")
+    clipped = train(tmp_path / "clipped.pt", *on_gpu, "--gradient-clip-val", str(CLIP))
+    unclipped = train(tmp_path / "unclipped.pt", *on_gpu)
+    apart = max((clipped["trained"][name] - weight).abs().max() for name, weight in unclipped["trained"].items())
+    assert apart > 100 * ATOL, "clipping did not change the training: the test could not tell FSDP's clipping apart"
+    fsdp = train(
+        tmp_path / "fsdp.pt", *on_gpu, "--devices", str(devices), "--strategy", "fsdp", "--gradient-clip-val", str(CLIP)
+    )
+    assert_same_training(fsdp, clipped, world_size=devices)

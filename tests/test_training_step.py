@@ -12,14 +12,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import TINY_CONFIG
-from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.plugins.precision import FSDPPrecision, MixedPrecision, Precision
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+from lightning.pytorch.utilities import GradClipAlgorithmType
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import nn
 
 from hf_transformer import loss
 from hf_transformer.errors import ConfigError
 from hf_transformer.loss import linear_cross_entropy, translation_loss
 from lightning_modules import TranslationDataModule, TranslationModule
-from lightning_modules.module import fused_adam_allowed, inverse_sqrt_lr_lambda
+from lightning_modules.module import clips_norm_through_fsdp, fused_adam_allowed, inverse_sqrt_lr_lambda
 
 
 def tiny_module(vocab_size: int = 64, **overrides) -> TranslationModule:
@@ -271,6 +274,31 @@ def test_adam_is_fused_only_where_lightning_clips_a_fused_optimizer(precision_pl
     except RuntimeError:
         clipped = False
     assert fused_adam_allowed(precision_plugin, gradient_clip_val) == clipped
+
+
+@pytest.mark.parametrize("gradient_clip_algorithm", [None, GradClipAlgorithmType.NORM, GradClipAlgorithmType.VALUE])
+@pytest.mark.parametrize("gradient_clip_val", [None, 0.0, 1.0])
+@pytest.mark.parametrize("strategy", [FSDPStrategy(), DDPStrategy()], ids=["fsdp", "ddp"])
+def test_clipping_goes_through_fsdp_exactly_where_lightning_refuses_it(
+    strategy, gradient_clip_val, gradient_clip_algorithm
+):
+    """Lightning's FSDP plugin raises when asked to clip by norm (the FSDP config with the default clipping would stop
+    at its first step): the module clips through FSDP's root module exactly where Lightning's own clipping, with the
+    strategy's plugin, raises. The algorithm is what the Trainer passes: None where `gradient_clip_algorithm` is unset.
+    FSDP's root module itself runs only on GPUs (Lightning refuses FSDP on a CPU)."""
+    parameter = nn.Parameter(torch.ones(3))
+    parameter.grad = torch.full((3,), 2.0)
+    precision_plugin = FSDPPrecision("32-true") if isinstance(strategy, FSDPStrategy) else Precision()
+    try:
+        precision_plugin.clip_gradients(
+            torch.optim.AdamW([parameter]),
+            gradient_clip_val or 0.0,
+            gradient_clip_algorithm or GradClipAlgorithmType.NORM,
+        )
+        refused = False
+    except MisconfigurationException:
+        refused = True
+    assert clips_norm_through_fsdp(strategy, gradient_clip_val, gradient_clip_algorithm) == refused
 
 
 @pytest.mark.parametrize("peak", [None, 3e-3])
