@@ -20,7 +20,7 @@ from pathlib import Path
 from multi30k import read_split
 
 from hf_transformer import translate
-from hf_transformer.scoring import format_scores, translation_scores
+from hf_transformer.scoring import SACREBLEU, SACREBLEU_LOWERCASED, format_scores, translation_scores
 from lightning_modules.checkpoint import (
     average_checkpoints,
     last_checkpoints,
@@ -122,8 +122,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=8192)
     parser.add_argument(
         "--select-on",
-        default="sacreBLEU",
-        choices=["sacreBLEU", "sacreBLEU, lowercased"],
+        default=SACREBLEU,
+        choices=[SACREBLEU, SACREBLEU_LOWERCASED],
         help="the val score that chooses the decoding and gives the val -> test gap: lowercased for a run trained "
         "with data.lowercase",
     )

@@ -19,6 +19,9 @@ from sacremoses import MosesTokenizer
 
 # tensor2tensor's get_ende_bleu.sh: `perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'`, after Moses tokenization.
 _COMPOUND = re.compile(r"(\S)-(\S)")
+# The names of the two sacreBLEU scores, which callers choose a model on.
+SACREBLEU = "sacreBLEU"
+SACREBLEU_LOWERCASED = "sacreBLEU, lowercased"
 
 
 @dataclass(frozen=True)
@@ -35,9 +38,9 @@ def translation_scores(hypotheses: list[str], references: list[str], target_lang
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references: give one per reference.")
     cased, lowercased, chrf = BLEU(), BLEU(lowercase=True), CHRF()
     scores = [
-        Score("sacreBLEU", cased.corpus_score(hypotheses, [references]).score, str(cased.get_signature())),
+        Score(SACREBLEU, cased.corpus_score(hypotheses, [references]).score, str(cased.get_signature())),
         Score(
-            "sacreBLEU, lowercased",
+            SACREBLEU_LOWERCASED,
             lowercased.corpus_score(hypotheses, [references]).score,
             str(lowercased.get_signature()),
         ),
