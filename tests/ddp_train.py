@@ -11,14 +11,14 @@ would re-run the whole test session.
 """
 
 import argparse
-import importlib
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 import yaml
 from conftest import tiny_module
-from lightning.pytorch.strategies import FSDPStrategy
+from jsonargparse import ArgumentParser
+from lightning.pytorch.strategies import Strategy
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_modules.module import TranslationModule
@@ -110,14 +110,14 @@ def state(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().cpu().clone() for name, tensor in state_dict.items()}
 
 
-def fsdp_strategy() -> FSDPStrategy:
-    """configs/trainer/fsdp.yaml's strategy, its wrapped layer classes imported as LightningCLI would."""
-    init_args = dict(yaml.safe_load(FSDP_CONFIG.read_text())["trainer"]["strategy"]["init_args"])
-    init_args["auto_wrap_policy"] = {
-        getattr(importlib.import_module(module), name)
-        for module, name in (path.rsplit(".", 1) for path in init_args["auto_wrap_policy"])
-    }
-    return FSDPStrategy(**init_args)
+def fsdp_strategy() -> Strategy:
+    """configs/trainer/fsdp.yaml's strategy, built by jsonargparse as LightningCLI builds it."""
+    parser = ArgumentParser()
+    parser.add_subclass_arguments(Strategy, "strategy")
+    config = yaml.safe_load(FSDP_CONFIG.read_text())["trainer"]["strategy"]
+    # instantiate_classes, as LightningCLI 2.6 calls it (jsonargparse 4.49 deprecated it for `instantiate`; the
+    # project allows jsonargparse from 4.39)
+    return parser.instantiate_classes(parser.parse_object({"strategy": config})).strategy
 
 
 def main() -> None:
