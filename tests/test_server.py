@@ -1,5 +1,5 @@
 """`hf-transformer serve`: the JSON API answers what `translate()` gives, refuses bad input with a 4xx naming the
-problem, batches concurrent requests, survives a burst, and its page works in a real browser."""
+problem, batches concurrent requests, survives a burst, idle and slow clients, and its page works in a real browser."""
 
 import asyncio
 import socket
@@ -19,10 +19,13 @@ from fastapi.testclient import TestClient  # noqa: E402
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, translate  # noqa: E402
 from hf_transformer.engine import TranslationEngine  # noqa: E402
 from hf_transformer.serving import create_app  # noqa: E402
+from hf_transformer.serving.app import MAX_REQUESTS, server_config  # noqa: E402
 from hf_transformer.serving.batcher import Batcher, ServerBusy  # noqa: E402
 from hf_transformer.translate import SourceTruncatedWarning  # noqa: E402
+from lightning_modules.cli import main  # noqa: E402
 
 SENTENCES = ["two men play music", "a dog", "", "ein hund rennt"]
+REQUEST_TIMEOUT = 2.0  # the test server's, short: the seconds a client has to send its request
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 
 
@@ -60,6 +63,31 @@ def test_attention_answers_the_maps_of_the_translation(engine, client):
     assert client.post("/attention", json={"text": "a dog", "layer": 5}).json() == {
         "error": "layer 5: the model has 2 layers, 0 to 1"
     }
+    assert client.post("/attention", json={"text": "a dog", "layers": 1}).json() == {
+        "error": "layers: /attention has no such field; its fields are text, layer"
+    }
+
+
+def test_a_request_of_max_sentences_fits_a_smaller_queue(engine):
+    with TestClient(create_app(engine, max_sentences=8, max_waiting_sentences=4)) as client:
+        assert client.post("/translate", json={"text": ["a dog"] * 8}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--port", "70000", "argument --port: ports are 0 to 65535, got 70000"),
+        ("--port", "-1", "argument --port: ports are 0 to 65535, got -1"),
+        ("--port", "http", "argument --port: expected a whole number, got 'http'"),
+        ("--max-sentences", "0", "argument --max-sentences: must be at least 1, got 0"),
+    ],
+)
+def test_serve_refuses_numbers_out_of_range_before_loading_the_model(capsys, option, value, message):
+    with pytest.raises(SystemExit) as stopped:
+        main(["serve", "no-such-model", option, value])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in err
+    assert err.splitlines()[-1].startswith(f"hf-transformer serve: error: {message}")
 
 
 @pytest.mark.parametrize(
@@ -73,7 +101,8 @@ def test_attention_answers_the_maps_of_the_translation(engine, client):
         ({"text": ["a"] * 9}, 413, "text holds 9 sentences, more than 8 per request"),
         ({"text": ["a dog " * 1000]}, 413, "the body is larger than 4,096 bytes"),
         ({"text": ["a"], "num_beams": 0}, 422, "num_beams: Input should be greater than or equal to 1"),
-        ({"sentences": ["a"]}, 422, "text: Field required"),
+        ({"text": ["a"], "num_beam": 2}, 422, "num_beam: /translate has no such field; its fields are text, num_beams"),
+        ({"sentences": ["a"]}, 422, "sentences: /translate has no such field; its fields are text,"),
     ],
 )
 def test_bad_requests_get_a_4xx_naming_the_problem(client, body, status, message):
@@ -136,10 +165,10 @@ def free_port() -> int:
 
 @pytest.fixture
 def server(engine):
-    """The app on a real uvicorn server on 127.0.0.1, in a thread of this process."""
+    """The app on a real uvicorn server on 127.0.0.1 with `serve`'s settings, in a thread of this process."""
     port = free_port()
     app = create_app(engine, max_sentences=8, max_waiting_sentences=32)
-    instance = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    instance = uvicorn.Server(server_config(app, port=port, request_timeout=REQUEST_TIMEOUT, log_level="warning"))
     thread = threading.Thread(target=instance.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -170,6 +199,55 @@ def test_a_burst_neither_crashes_the_server_nor_grows_its_memory(server):
     assert 503 in statuses  # more waiting sentences than the server holds: refused at once, not queued
     assert memory[-1] - memory[1] < 100, memory  # a bounded queue: later bursts do not add up
     assert httpx.get(f"{server}/health").json()["status"] == "ok"
+
+
+def connect(server: str, sent: bytes = b"") -> socket.socket:
+    """A client socket to `server` that has sent `sent` and waits, every call on it bounded in time."""
+    client = socket.create_connection(("127.0.0.1", int(server.rsplit(":", 1)[1])), timeout=10)
+    client.sendall(sent)
+    return client
+
+
+def closed_by_the_server(clients: list[socket.socket]) -> bool:
+    """Whether the server closed every one of `clients` without answering (each read waits at most 10 s)."""
+    try:
+        return all(client.recv(1024) == b"" for client in clients)
+    except ConnectionResetError:
+        return True
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_idle_clients_lock_no_one_out_and_are_closed_after_the_timeout(server):
+    idle = [connect(server) for _ in range(MAX_REQUESTS)]  # as many as uvicorn's limit_concurrency locked out with
+    start = time.monotonic()
+    health = httpx.get(f"{server}/health", timeout=5)
+    assert health.status_code == 200 and time.monotonic() - start < 2
+    assert httpx.post(f"{server}/translate", json={"text": ["a dog"]}, timeout=30).status_code == 200
+    # A client sending its request a byte at a time has no more time than one sending nothing.
+    slow = connect(server, b"P")
+    for byte in b"OST /translate HTTP/1.1\r\n":
+        try:
+            slow.send(bytes([byte]))
+        except OSError:  # closed by the server
+            break
+        time.sleep(0.1)
+    assert closed_by_the_server([*idle, slow])
+    assert time.monotonic() - start < REQUEST_TIMEOUT + 3
+
+
+def test_health_answers_while_requests_fill_the_server(server):
+    head = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    slow = [connect(server, head + b'{"text": ') for _ in range(MAX_REQUESTS)]  # bodies that never end
+    deadline = time.monotonic() + REQUEST_TIMEOUT / 2
+    while (answer := httpx.post(f"{server}/translate", json={"text": ["a"]}, timeout=5)).status_code == 200:
+        assert time.monotonic() < deadline, "the slow requests never filled the server"
+    assert answer.status_code == 503 and "requests are being served" in answer.json()["error"]
+    assert answer.headers["Retry-After"] == "1"
+    assert httpx.get(f"{server}/health", timeout=5).status_code == 200
+    assert closed_by_the_server(slow)
+    assert httpx.post(f"{server}/translate", json={"text": ["a"]}, timeout=30).status_code == 200
 
 
 def chrome():

@@ -2,12 +2,16 @@
 `POST /attention`, `GET /health`) and its OpenAPI description at `/openapi.json`, on FastAPI and uvicorn.
 
 Every refusal is a 4xx answer `{"error": "..."}` that names the problem: a body that is not JSON or too large, no
-sentences, too many, settings out of range. A sentence longer than the model's positions is translated cut to them,
-and the answer says so in `warnings`, as `translate()` warns and the `translate` command prints.
+sentences, too many, a field the endpoint does not know, settings out of range. A sentence longer than the model's
+positions is translated cut to them, and the answer says so in `warnings`, as `translate()` warns and the `translate`
+command prints. A client has `request_timeout` seconds to send its whole request, so that idle and slow ones cannot
+hold connections open.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from contextlib import asynccontextmanager
 from importlib.resources import files
@@ -20,10 +24,13 @@ from ..translate import prepare_sources
 from .batcher import Batcher, ServerBusy
 
 try:
+    import h11
+    import uvicorn
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse
-    from pydantic import BaseModel, Field
+    from pydantic import BaseModel, ConfigDict, Field
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 except ImportError as err:
     raise MissingExtra("serving needs FastAPI and uvicorn: pip install 'hf-transformer[serve]'") from err
 
@@ -32,9 +39,14 @@ logger = logging.getLogger(__name__)
 # What one request may hold.
 MAX_SENTENCES = 64
 MAX_BODY_BYTES = 1 << 20
+# Requests served at once (beyond them: 503), and the seconds a client has to send one whole.
+MAX_REQUESTS = 256
+REQUEST_TIMEOUT = 10.0
 
 
 class TranslateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting ("num_beam") is refused, not ignored
+
     text: list[str] = Field(description="the sentences to translate", examples=[["4821", "17"]])
     num_beams: int | None = Field(None, ge=1, le=MAX_BEAMS, description="beams of the beam search (default: model's)")
     length_penalty: float | None = Field(None, ge=-10, le=10, description="alpha of the length penalty")
@@ -46,6 +58,8 @@ class TranslateResponse(BaseModel):
 
 
 class AttentionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     text: str = Field(description="one sentence", examples=["4821"])
     layer: int = Field(-1, description="the decoder layer, from 0 (-1: the last)")
 
@@ -69,9 +83,17 @@ def create_app(
     max_sentences: int = MAX_SENTENCES,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_waiting_sentences: int = 4096,
+    max_requests: int = MAX_REQUESTS,
 ) -> FastAPI:
     """The FastAPI application serving `engine`; requests that arrive together are translated in one batch."""
-    batcher = Batcher(engine, max_batch_sentences=max(256, max_sentences), max_waiting_sentences=max_waiting_sentences)
+    batcher = Batcher(
+        engine,
+        max_batch_sentences=max(256, max_sentences),
+        # Room for one request of `max_sentences` at least: a smaller queue would refuse it for ever ("retry").
+        max_waiting_sentences=max(max_waiting_sentences, max_sentences),
+    )
+    # The body of each POST endpoint, whose fields a request with an unknown one is told.
+    bodies = {"/translate": TranslateRequest, "/attention": AttentionRequest}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -86,6 +108,7 @@ def create_app(
         responses={status: {"model": ErrorResponse} for status in (400, 413, 415, 422, 503)},
     )
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(RequestLimit, max_requests=max_requests)  # the outer one: it counts requests being read too
     page = files(__package__).joinpath("page.html").read_text(encoding="utf-8")
 
     def too_long(sentences: list[str]) -> list[str]:
@@ -100,8 +123,13 @@ def create_app(
         content_type = request.headers.get("content-type", "application/json")
         if "json" not in content_type:
             return _error(415, f"the body is {content_type}: send JSON with the header Content-Type: application/json")
-        first = error.errors()[0]
+        errors = error.errors()
+        # An unknown field first: a misspelt one also makes the field it stands for missing.
+        first = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or "body"
+        if first.get("type") == "extra_forbidden" and request.url.path in bodies:
+            known = ", ".join(bodies[request.url.path].model_fields)
+            return _error(422, f"{where}: {request.url.path} has no such field; its fields are {known}")
         if first.get("type") == "json_invalid":
             return JSONResponse({"error": f"the body is not valid JSON: {first.get('msg')}"}, status_code=400)
         if first.get("type") == "missing" and where == "body":
@@ -203,9 +231,80 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+class RequestLimit:
+    """Answers 503 at once to a request beyond `max_requests` being served, except `/health`: without a bound,
+    attention requests would queue without end on the model's thread. uvicorn's own `limit_concurrency` counts open
+    connections instead, so idle ones locked every client out, health included; this counts requests, from their
+    headers on."""
+
+    def __init__(self, app, max_requests: int) -> None:
+        self.app, self.max_requests, self.serving = app, max_requests, 0
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/health":
+            await self.app(scope, receive, send)
+            return
+        if self.serving >= self.max_requests:
+            busy = f"{self.serving} requests are being served, the most at once: retry in a moment"
+            await JSONResponse({"error": busy}, status_code=503, headers={"Retry-After": "1"})(scope, receive, send)
+            return
+        self.serving += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.serving -= 1
+
+
+class DeadlineProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, closing a connection whose request has not arrived whole (headers and body)
+    `request_timeout` seconds after the connection opened or its previous answer. uvicorn's `timeout_keep_alive`
+    starts only after an answer and restarts at every byte, so a client that sends nothing, or a byte at a time,
+    would hold its connection for ever."""
+
+    def __init__(self, *args: Any, request_timeout: float = REQUEST_TIMEOUT, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.request_timeout = request_timeout
+        self.deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)
+        self._watch()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._watch()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._watch()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self.deadline is not None:
+            self.deadline.cancel()
+
+    def _watch(self) -> None:
+        """Start the deadline when the server begins to wait for a request, stop it once the request is in."""
+        waiting = self.conn.their_state in (h11.IDLE, h11.SEND_BODY)
+        if waiting and self.deadline is None:
+            self.deadline = self.loop.call_later(self.request_timeout, self.transport.close)
+        elif not waiting and self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+
+def server_config(
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    request_timeout: float = REQUEST_TIMEOUT,
+    log_level: str = "info",
+) -> uvicorn.Config:
+    """uvicorn's settings for serving `app`: its HTTP/1.1 protocol with a deadline for each request to arrive."""
+    protocol = functools.partial(DeadlineProtocol, request_timeout=request_timeout)
+    return uvicorn.Config(app, host=host, port=port, http=protocol, log_level=log_level)
+
+
 def serve(engine: TranslationEngine, host: str = "127.0.0.1", port: int = 8000, **settings: Any) -> None:
     """Serve `engine` until interrupted (`settings`: those of `create_app`)."""
-    import uvicorn
-
-    # A bounded number of open connections: more are answered 503 at once.
-    uvicorn.run(create_app(engine, **settings), host=host, port=port, limit_concurrency=256, log_level="info")
+    uvicorn.Server(server_config(create_app(engine, **settings), host, port)).run()

@@ -38,8 +38,29 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1, this machine only)"
     )
-    parser.add_argument("--port", type=int, default=8000, help="the port (default: 8000)")
+    parser.add_argument("--port", type=_port, default=8000, help="the port, 0 to 65535 (default: 8000)")
     parser.add_argument(
-        "--max-sentences", type=int, default=64, help="the most sentences one request may hold (default: 64)"
+        "--max-sentences", type=_positive, default=64, help="the most sentences one request may hold (default: 64)"
     )
     return parser
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def _port(text: str) -> int:
+    number = _whole(text)
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"ports are 0 to 65535, got {number}: choose one in that range, e.g. 8000")
+    return number
+
+
+def _positive(text: str) -> int:
+    number = _whole(text)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
