@@ -13,6 +13,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast
 from .attention import AttentionMaps, attention_maps
 from .configuration_transformer import TransformerConfig
 from .errors import MissingExtra, ModelNotFound, TranslationInputError, UserError
+from .export.folder import check_tokenizer_files
 from .modeling_transformer import TransformerForConditionalGeneration
 from .translate import (
     MAX_LENGTH_OFFSET,
@@ -73,6 +74,8 @@ class TranslationEngine:
                 f"{folder} holds a {model_type} model: pass a folder exported with --format hf-transformer or "
                 "ctranslate2 (or the checkpoint it came from)"
             )
+        if config.is_file():
+            check_tokenizer_files(folder)
         try:
             model = TransformerForConditionalGeneration.from_pretrained(name_or_path)
             tokenizer = PreTrainedTokenizerFast.from_pretrained(name_or_path)

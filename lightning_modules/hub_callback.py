@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from hf_transformer.errors import HubError
+from hf_transformer.export.folder import written_whole
 from hf_transformer.export.hub import check_repo_id, find_token, push_folder
 
 from .checkpoint import export, load_checkpoint
@@ -123,19 +122,10 @@ class PushToHubCallback(pl.Callback):
 
 
 def export_replacing(checkpoint: dict[str, Any], folder: Path, **card_info: Any) -> Path:
-    """`export` into a fresh sibling folder, then put it in the place of `folder`: a crash mid-export leaves the
-    previous export or none, never a half-written folder under the final name."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private to the user; an export folder is not
-    try:
+    """`export` written whole in the place of `folder`: a crash mid-export leaves the previous export or none, never a
+    half-written folder under the final name."""
+    with written_whole(folder) as staging:
         export(checkpoint, staging, **card_info)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if folder.exists():
-        shutil.rmtree(folder)
-    staging.rename(folder)
     return folder
 
 

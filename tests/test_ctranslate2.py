@@ -111,8 +111,9 @@ def test_int8_quantization_passes_through(model_and_tokenizer, sources, tmp_path
 
 def test_refuses_what_it_cannot_convert(tiny_config, tmp_path):
     pre_ln = TransformerForConditionalGeneration(dataclasses.replace(tiny_config, normalize_before=True))
-    with pytest.raises(ValueError, match="pre-LN"):
+    with pytest.raises(ValueError, match="pre-LN") as refused:
         to_ctranslate2(pre_ln, word_tokenizer(tiny_config.vocab_size), tmp_path / "pre-ln")
+    assert "without --format ctranslate2" in str(refused.value) and "--format marian" not in str(refused.value)
     larger_vocabulary = TransformerForConditionalGeneration(dataclasses.replace(tiny_config, vocab_size=80))
     with pytest.raises(ValueError, match="pass the tokenizer the model was trained with"):
         to_ctranslate2(larger_vocabulary, word_tokenizer(tiny_config.vocab_size), tmp_path / "mismatch")

@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 
 from hf_transformer.errors import HubError
 from hf_transformer.export.hub import push_folder
+from lightning_modules.cli import main
 
 if TYPE_CHECKING:
     from tests.hub_server import FakeHub
@@ -306,6 +307,22 @@ def test_a_folder_that_is_not_an_export_is_refused(hub_endpoint: FakeHub, tmp_pa
 
     with pytest.raises(HubError, match=problem):
         push_folder(folder, REPO)
+    assert hub_endpoint.requests == []
+
+
+def test_push_refuses_an_export_cut_short_in_one_line(
+    hub_endpoint: FakeHub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a kill -9 left of an export before exports were written whole: config and weights, no tokenizer or card."""
+    folder = make_export(tmp_path / "export")
+    (folder / "README.md").unlink()
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["push", str(folder), REPO])
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "missing tokenizer.json, tokenizer_config.json. Export it again (hf-transformer export" in err
     assert hub_endpoint.requests == []
 
 

@@ -1,7 +1,9 @@
 """Using a trained model: n-best lists and cut sources in `translate()`, attention weights and alignments, and the
-`translate` and `attention` commands, which must give what `translate()` gives."""
+`translate` and `attention` commands, which must give what `translate()` gives, and `export`, which writes the folder
+they read whole."""
 
 import io
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -273,6 +275,146 @@ def test_translate_command_refuses_mistakes_in_one_line(checkpoint, tmp_path, ca
     assert "there is no predict command: `hf-transformer test`" in capsys.readouterr().err
 
 
+def test_translate_command_never_writes_over_its_input_and_a_failed_run_leaves_the_output(checkpoint, tmp_path, capsys):
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("a dog\n")
+    output.write_text("earlier translations\n")
+    (tmp_path / "link.txt").symlink_to(source)
+    (tmp_path / "sub").mkdir()
+    for written in (source, tmp_path / "link.txt", tmp_path / "sub" / ".." / "in.txt"):
+        with pytest.raises(SystemExit):
+            main(["translate", str(checkpoint), str(source), "-o", str(written)])
+        assert f"-o {written} is {source}, an input of this run" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the same file as the references
+        main(["translate", str(checkpoint), str(source), "--reference", str(output), "-o", str(output)])
+    assert source.read_text() == "a dog\n"
+
+    for failing in ([str(tmp_path / "no-such-model"), str(source)], [str(checkpoint), str(tmp_path / "missing.txt")]):
+        with pytest.raises(SystemExit):
+            main(["translate", *failing, "-o", str(output)])
+        assert "Traceback" not in capsys.readouterr().err
+    assert output.read_text() == "earlier translations\n"
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "link.txt", "model.ckpt", "out.txt", "sub"]  # no temporary file
+
+    output.chmod(0o600)
+    main(["translate", str(checkpoint), str(source), "-o", str(output)])
+    assert output.read_text().count("\n") == 1 and output.stat().st_mode & 0o777 == 0o600
+    main(["translate", str(checkpoint), str(source), "-o", "/dev/null"])  # a device is written, not replaced
+    assert Path("/dev/null").is_char_device()
+
+
+def test_translate_command_refuses_unreadable_input_and_unwritable_output_in_one_line(
+    checkpoint, tmp_path, capsys, monkeypatch
+):
+    import gzip
+
+    files = {
+        "latin1.txt": "a dog\nein Hund läuft\n".encode("latin-1"),
+        "binary.bin": bytes(range(256)),
+        "corrupt.gz": gzip.compress(b"a dog\n")[:8],
+    }
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    (tmp_path / "in.txt").write_text("a dog\n")
+    read_only = tmp_path / "read-only"
+    read_only.mkdir(mode=0o555)
+    mistakes = {
+        (str(tmp_path / "latin1.txt"),): f"line 2 of {tmp_path / 'latin1.txt'} is not UTF-8 text (byte 11 is 0xe4)",
+        (str(tmp_path / "binary.bin"),): f"line 2 of {tmp_path / 'binary.bin'} is not UTF-8 text (byte 118 is 0x80)",
+        (str(tmp_path / "corrupt.gz"),): f"line 1 of {tmp_path / 'corrupt.gz'} is not UTF-8 text (byte 2 is 0x8b)",
+        ("-o", str(tmp_path / "no" / "out.txt")): "no/out.txt: cannot write there (No such file or directory)",
+        ("-o", "/proc/out.txt"): "-o /proc/out.txt: cannot write there",
+        ("-o", str(tmp_path)): "is a folder: give the path of a file to write the translations to",
+        ("--average", "0"): "argument --average: must be at least 1, got 0",
+        ("--average", "-1"): "argument --average: must be at least 1, got -1",
+        ("--device", "gpu0"): "argument --device: 'gpu0' is no device: use cpu, cuda, cuda:N or mps",
+    }
+    if os.geteuid() != 0:  # root writes into any folder
+        mistakes["-o", str(read_only / "out.txt")] = "read-only/out.txt: cannot write there (Permission denied)"
+    if not torch.cuda.is_available():
+        mistakes["--device", "cuda"] = "argument --device: cuda: "
+    for extra, message in mistakes.items():
+        inputs = [str(tmp_path / "in.txt")] if extra[0].startswith("-") else []
+        with pytest.raises(SystemExit):
+            main(["translate", str(checkpoint), *inputs, *extra])
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+        assert err.startswith("hf-transformer translate: error:") or "usage:" in err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("ein Hund läuft\n".encode("latin-1"))))
+    with pytest.raises(SystemExit):
+        main(["translate", str(checkpoint)])
+    assert "line 1 of standard input is not UTF-8 text (byte 11 is 0xe4)" in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([*files, "in.txt", "model.ckpt", "read-only"])
+
+
+def test_translate_command_into_a_closed_pipe_ends_quietly(checkpoint, tmp_path, capsys, monkeypatch):
+    """`hf-transformer translate ... | head -1`: once head has exited, writing fails; a filter stops without a
+    traceback, and Python's flush of standard output at exit must not fail again."""
+    (tmp_path / "in.txt").write_text("a dog\n")
+    reader, writer = os.pipe()
+    os.close(reader)
+    with open(writer, "w") as closed_pipe:
+        monkeypatch.setattr(sys, "stdout", closed_pipe)
+        with pytest.raises(SystemExit) as stopped:
+            main(["translate", str(checkpoint), str(tmp_path / "in.txt")])
+        closed_pipe.write("at exit\n")
+        closed_pipe.flush()  # into devnull now
+    assert stopped.value.code == 1
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_folder_without_its_tokenizer_is_named_with_the_fix(checkpoint, tmp_path, capsys):
+    from lightning_modules.checkpoint import export, load_checkpoint
+
+    folder = export(load_checkpoint(checkpoint), tmp_path / "exported")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+    with pytest.raises(SystemExit):
+        main(["translate", str(folder)])
+    err = capsys.readouterr().err
+    assert "exported has no tokenizer.json or tokenizer_config.json: a model folder needs the tokenizer" in err
+    assert "Export it again from its checkpoint" in err and "sentencepiece" not in err
+
+
+def test_an_export_appears_whole_or_not_at_all(checkpoint, tmp_path, capsys, monkeypatch):
+    """A kill -9 midway left a folder of config and weights that `push` published. Now the export is written into a
+    hidden folder beside, renamed into place when whole: while it is written, the folder's name holds nothing (or the
+    previous export, with --overwrite), and a failure leaves that as it was."""
+    import lightning_modules.checkpoint
+
+    folder = tmp_path / "exported"
+    seen = []
+
+    def killed(written, *args, **kwargs):  # the model card is written last, after the weights and the tokenizer
+        seen.append((folder.exists() and sorted(path.name for path in folder.iterdir()), sorted(os.listdir(written))))
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(lightning_modules.checkpoint, "write_model_card", killed)
+        with pytest.raises(KeyboardInterrupt):
+            main(["export", str(checkpoint), str(folder)])
+    assert seen[0][0] is False and "model.safetensors" in seen[0][1] and "tokenizer.json" in seen[0][1]
+    assert sorted(os.listdir(tmp_path)) == ["model.ckpt"]  # and no hidden folder left
+
+    main(["export", str(checkpoint), str(folder)])
+    assert f'model_id = "{folder}"' in (folder / "README.md").read_text()  # the final folder, not the hidden one
+    (folder / "notes.txt").write_text("mine")
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    with monkeypatch.context() as patch:
+        patch.setattr(lightning_modules.checkpoint, "write_model_card", killed)
+        with pytest.raises(KeyboardInterrupt):
+            main(["export", str(checkpoint), str(folder), "--overwrite"])
+    assert seen[1][0] == sorted(before)
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+    main(["export", str(checkpoint), str(folder), "--overwrite"])  # files of other names stay, as before
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+    assert sorted(os.listdir(tmp_path)) == ["exported", "model.ckpt"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["export", str(checkpoint), "/proc/exported"])
+    assert "cannot write into /proc (No such file or directory)" in capsys.readouterr().err
+
+
 def test_translate_command_reads_exported_and_ctranslate2_folders(checkpoint, tmp_path, capsys):
     from lightning_modules.checkpoint import export, load_checkpoint
 
@@ -306,6 +448,16 @@ def test_attention_command_draws_a_png_and_prints_the_alignment(checkpoint, tmp_
     with pytest.raises(SystemExit):
         main(["attention", str(checkpoint), "a dog", "--layer", "7"])
     assert "--layer 7: the model has 2 layers" in capsys.readouterr().err
+    mistakes = {
+        str(tmp_path / "map.txt"): "matplotlib writes no .txt images. End the name with one of .avif, .eps",
+        "/proc/map.png": "-o /proc/map.png: cannot write there",
+        str(tmp_path / "map.png" / "map.png"): "map.png/map.png: cannot write there (File exists)",
+    }
+    for output, message in mistakes.items():
+        with pytest.raises(SystemExit):
+            main(["attention", str(checkpoint), "a dog", "-o", output])
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
 
 
 def test_help_lists_the_commands_of_a_trained_model(capsys):

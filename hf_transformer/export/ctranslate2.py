@@ -48,6 +48,12 @@ def to_ctranslate2(
     Raises ValueError for models Marian cannot express (pre-LN) and for a tokenizer that does not fit the model."""
     if quantization not in (None, *QUANTIZATIONS):
         raise ValueError(f"Unknown quantization {quantization!r}: use one of {', '.join(QUANTIZATIONS)}, or none.")
+    if model.config.normalize_before:  # before `to_marian`, whose message is about Marian
+        raise ValueError(
+            "This model is pre-LN (normalize_before=True), and the CTranslate2 export goes through a stock post-LN "
+            "Marian model, so it cannot write this one. Export it without --format ctranslate2 and translate with "
+            "that folder (hf-transformer translate FOLDER), or train a post-LN model for CTranslate2."
+        )
     vocabulary = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
     if [index for _, index in vocabulary] != list(range(model.config.vocab_size)):
         raise ValueError(

@@ -1,16 +1,25 @@
-"""Model folders as users receive them: readable by whoever the umask allows, and in the stock Marian format."""
+"""Model folders as users receive them: whole (written beside and renamed into place), readable by whoever the umask
+allows, and in the stock Marian format."""
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from huggingface_hub.errors import StrictDataclassError
 from transformers import PreTrainedTokenizerFast
 
 from ..configuration_transformer import TransformerConfig
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, UserError
 from ..modeling_transformer import TransformerForConditionalGeneration
 from .marian import to_marian
 from .model_card import rewrite_model_card
+
+# What `PreTrainedTokenizerFast.from_pretrained` reads: the tokenizer itself, and its class and special tokens (without
+# tokenizer_config.json it loads with no <pad> or </s>).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def export_marian_from_folder(source: str | Path, folder: str | Path, repo_id: str | None = None) -> Path:
@@ -24,14 +33,63 @@ def export_marian_from_folder(source: str | Path, folder: str | Path, repo_id: s
     return folder
 
 
+@contextmanager
+def written_whole(folder: str | Path, keep_other_files: bool = False) -> Iterator[Path]:
+    """A new hidden folder beside `folder` to write into, put in the place of `folder` when the block ends: a kill or
+    an error midway leaves `folder` as it was (and the hidden folder after a kill), never half written. With
+    `keep_other_files`, the files of an existing `folder` that the block did not write are kept."""
+    folder = Path(folder).resolve()
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", suffix=".tmp", dir=folder.parent))
+    except OSError as err:
+        raise UserError(f"cannot write into {folder.parent} ({err.strerror}): give a folder you can write to") from err
+    staging.chmod(umask_mode(0o777))  # mkdtemp makes it private to the user; a model folder is not
+    try:
+        yield staging
+        if folder.is_dir():
+            if keep_other_files:
+                shutil.copytree(folder, staging, dirs_exist_ok=True, copy_function=_link_if_new)
+            # A folder cannot be renamed over a full one: move the old one aside first (the two renames take
+            # microseconds; a kill between them leaves the old folder under the hidden name).
+            old = tempfile.mkdtemp(prefix=f".{folder.name}-old-", suffix=".tmp", dir=folder.parent)
+            os.replace(folder, old)
+            os.replace(staging, folder)
+            shutil.rmtree(old)
+        else:
+            os.replace(staging, folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _link_if_new(src: str, dst: str) -> str:
+    """`link_or_copy` for a file that the new folder has none of under that name."""
+    return dst if os.path.lexists(dst) else link_or_copy(src, dst)
+
+
+def link_or_copy(src: str, dst: str) -> str:
+    """A hard link of `src` at `dst` (model weights can be large), or a copy where links cannot be made."""
+    try:
+        os.link(src, dst, follow_symlinks=False)
+        return dst
+    except OSError:  # another file system, or links not allowed
+        return shutil.copy2(src, dst, follow_symlinks=False)
+
+
+def umask_mode(mode: int = 0o666) -> int:
+    """The permissions the user's umask gives a new file (`mode` 0o666) or folder (0o777)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
+
+
 def make_shareable(folder: Path) -> None:
     """Give every file the permissions the user's umask gives new files: safetensors writes its files readable by
     their owner only (-rw-------), which breaks a folder shared with a team or served by another user."""
-    umask = os.umask(0)
-    os.umask(umask)
+    mode = umask_mode()
     for path in folder.iterdir():
         if path.is_file():
-            path.chmod(0o666 & ~umask)
+            path.chmod(mode)
 
 
 def saved_config(name_or_path: str | Path) -> TransformerConfig:
@@ -49,12 +107,19 @@ def saved_config(name_or_path: str | Path) -> TransformerConfig:
 def check_model_folder(folder: str | Path) -> None:
     """Refuse, before anything is written, a model folder that cannot be converted: a config.json field of the wrong
     type, or no tokenizer (a conversion would write a model that no one can feed)."""
-    folder = Path(folder)
     saved_config(folder)
-    if not (folder / "tokenizer.json").is_file():
+    check_tokenizer_files(folder)
+
+
+def check_tokenizer_files(folder: str | Path) -> None:
+    """Refuse a model folder without its tokenizer files, saying how to put them back (transformers' own error asks
+    for sentencepiece or tiktoken, which would not help)."""
+    folder = Path(folder)
+    missing = [name for name in TOKENIZER_FILES if not (folder / name).is_file()]
+    if missing:
         raise DataError(
-            f"{folder} has no tokenizer.json: a model folder needs the tokenizer it was trained with. Export it again "
-            "from its checkpoint (hf-transformer export CHECKPOINT FOLDER, which writes the tokenizer), or copy the "
-            f"run's tokenizer files (tokenizer.json, tokenizer_config.json; the run summary names their folder) into "
+            f"{folder} has no {' or '.join(missing)}: a model folder needs the tokenizer it was trained with. Export "
+            "it again from its checkpoint (hf-transformer export CHECKPOINT FOLDER, which writes the tokenizer), or "
+            f"copy the run's tokenizer files ({', '.join(TOKENIZER_FILES)}; the run summary names their folder) into "
             f"{folder}"
         )

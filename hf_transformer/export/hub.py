@@ -16,6 +16,7 @@ from huggingface_hub.errors import HTTPError as TransportError
 from huggingface_hub.utils import validate_repo_id
 
 from ..errors import HubError
+from .folder import TOKENIZER_FILES
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +84,9 @@ def check_repo_id(repo_id: str) -> None:
         )
 
 
-def check_export_folder(folder: Path) -> None:
-    """Refuse a folder that does not look like `save_pretrained` output: `config.json` plus safetensors weights."""
+def check_export_folder(folder: Path, tokenizer: bool = False) -> None:
+    """Refuse a folder that does not hold what loading it needs: `config.json`, safetensors weights and, with
+    `tokenizer` (a translation model), the tokenizer files, which an export cut short by a kill lacked."""
     if not folder.is_dir():
         raise HubError(f"Cannot push {folder}: it is not a folder. Pass the folder written by the model export.")
     missing = []
@@ -97,10 +99,13 @@ def check_export_folder(folder: Path) -> None:
         except ValueError as err:
             raise HubError(f"Cannot push {folder}: config.json is not valid JSON ({err}).") from err
     missing += _missing_weights(folder)
+    if tokenizer:
+        missing += [name for name in TOKENIZER_FILES if not (folder / name).is_file()]
     if missing:
         raise HubError(
             f"Cannot push {folder}: it does not look like an exported model, missing {', '.join(missing)}. "
-            "Export the model with save_pretrained first."
+            "Export it again (hf-transformer export CHECKPOINT FOLDER writes all of these; or save_pretrained the "
+            "model and its tokenizer), then push."
         )
 
 

@@ -77,6 +77,12 @@ def main(argv: list[str] | None = None) -> None:
     words = [word for word in words if word != "--traceback"]
     try:
         run(words)
+        sys.stdout.flush()  # here, where a closed pipe can still be handled, not at exit
+    except BrokenPipeError:
+        # The reader of standard output is gone (`| head`): stop quietly, as a Unix filter does. Python's signal docs:
+        # point standard output at devnull so that the flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None
     except Exception as err:
         # Imported here: a command that raises a UserError has loaded the package already, and --help never does.
         from hf_transformer.errors import UserError

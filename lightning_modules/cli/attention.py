@@ -3,7 +3,13 @@
 import argparse
 from pathlib import Path
 
-from hf_transformer.attention import alignment, format_alignment, plot_attention, plot_attention_heads
+from hf_transformer.attention import (
+    alignment,
+    figure_class,
+    format_alignment,
+    plot_attention,
+    plot_attention_heads,
+)
 from hf_transformer.errors import UserError
 
 from .models import add_model_arguments, load_engine
@@ -12,6 +18,8 @@ from .models import add_model_arguments, load_engine
 def main(argv: list[str]) -> None:
     """`hf-transformer attention MODEL SENTENCE [-o map.png] [...]`."""
     args = _parser().parse_args(argv)
+    output = Path(args.output)
+    _check_image_type(output)
     engine = load_engine(args.model, args.average, args.device)
     engine.require_model("attention weights")
     engine.check_settings(args.num_beams)
@@ -21,12 +29,24 @@ def main(argv: list[str]) -> None:
         raise UserError(f"--layer {args.layer}: the model has {layers} layers, 0 to {layers - 1} (-1 is the last)")
     (maps,) = engine.attention([args.sentence], num_beams=args.num_beams)
     figure = plot_attention_heads(maps, args.kind) if args.heads else plot_attention(maps, args.kind, args.layer)
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(output, dpi=args.dpi)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(output, dpi=args.dpi)
+    except OSError as err:
+        raise UserError(f"-o {output}: cannot write there ({err.strerror}). Give a path you can write to") from err
     print(f"translation: {maps.translation}")
     print(f"alignment:   {format_alignment(alignment(maps, args.layer))}")
     print(f"Wrote {output}")
+
+
+def _check_image_type(output: Path) -> None:
+    """Refuse, before the model loads, an image type that matplotlib has no writer for (it says so only when saving)."""
+    types = figure_class()().canvas.get_supported_filetypes()
+    if output.suffix and output.suffix[1:].lower() not in types:
+        raise UserError(
+            f"-o {output}: matplotlib writes no {output.suffix} images. End the name with one of "
+            f"{', '.join('.' + name for name in sorted(types))}"
+        )
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerForConditionalGeneration
 from hf_transformer.errors import UserError
-from hf_transformer.export.folder import check_model_folder, export_marian_from_folder
+from hf_transformer.export.folder import check_model_folder, export_marian_from_folder, written_whole
 
 from ..checkpoint import (
     average_checkpoints,
@@ -21,6 +21,7 @@ from ..checkpoint import (
     model_from_checkpoint,
     tokenizer_from_checkpoint,
 )
+from .models import positive_int
 
 
 def main(argv: list[str]) -> None:
@@ -34,7 +35,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("checkpoint", help="a .ckpt file (best, last), or with --average the checkpoint folder")
     parser.add_argument("folder", help="where to write the Hugging Face model folder")
     parser.add_argument(
-        "--average", type=_positive, default=None, metavar="N", help="average the last N step checkpoints"
+        "--average", type=positive_int, default=None, metavar="N", help="average the last N step checkpoints"
     )
     parser.add_argument(
         "--format",
@@ -50,12 +51,14 @@ def main(argv: list[str]) -> None:
         "--quantization", help="with --format ctranslate2: the stored weight type, e.g. int8 (default: float32)"
     )
     onnx = parser.add_argument_group("with --format onnx: the shape the programs take (fixed by the static cache)")
-    onnx.add_argument("--batch-size", type=_positive, default=1, help="sources per call (default: 1)")
+    onnx.add_argument("--batch-size", type=positive_int, default=1, help="sources per call (default: 1)")
     onnx.add_argument(
-        "--source-length", type=_positive, help="source tokens per row, padded (default: the model's positions)"
+        "--source-length", type=positive_int, help="source tokens per row, padded (default: the model's positions)"
     )
     onnx.add_argument(
-        "--max-length", type=_positive, help="output tokens, the start token included (default: the model's positions)"
+        "--max-length",
+        type=positive_int,
+        help="output tokens, the start token included (default: the model's positions)",
     )
     parser.add_argument(
         "--overwrite",
@@ -68,57 +71,64 @@ def main(argv: list[str]) -> None:
     given = [f"--{name.replace('_', '-')}" for name in ("source_length", "max_length") if getattr(args, name)]
     if args.format != "onnx" and (given or args.batch_size != 1):
         parser.error(f"{', '.join(given) or '--batch-size'} applies to --format onnx only")
-    check_output_folder(Path(args.folder), args.overwrite)
+    target = Path(args.folder)
+    check_output_folder(target, args.overwrite)
     source = Path(args.checkpoint)
     from_folder = args.format != "hf-transformer" and source.is_dir() and (source / "config.json").exists()
-    if from_folder:
-        checkpoint = None
-    elif args.average:
-        folder = source if source.is_dir() else source.parent
-        checkpoint = average_checkpoints(last_checkpoints(folder, args.average))
-        steps = checkpoint["averaged_steps"]
-        print(f"Averaged {len(steps)} checkpoints of {folder}, steps {', '.join(map(str, steps))}")
-        if warning := averaging_span_warning(steps):
-            print(f"Warning: {warning}", file=sys.stderr)
-    else:
-        checkpoint = load_checkpoint(source)
+    # The card's snippet loads the folder by its final path, not by the hidden one written first.
+    card_info = dict(repo_id=str(target.resolve()))
     try:
-        if args.format == "hf-transformer":
-            folder = export(checkpoint, args.folder)
-        elif args.format == "marian":
-            folder = (
-                export_marian_from_folder(source, args.folder)
-                if from_folder
-                else export_marian(checkpoint, args.folder)
-            )
-        elif from_folder:
-            check_model_folder(source)
-            model = TransformerForConditionalGeneration.from_pretrained(source)
-            tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
-            folder = convert(model, tokenizer, args)
-        else:
-            folder = convert(model_from_checkpoint(checkpoint), tokenizer_from_checkpoint(checkpoint), args)
+        with written_whole(target, keep_other_files=args.overwrite) as folder:
+            if from_folder:
+                checkpoint = None
+            elif args.average:
+                checkpoints = source if source.is_dir() else source.parent
+                checkpoint = average_checkpoints(last_checkpoints(checkpoints, args.average))
+                steps = checkpoint["averaged_steps"]
+                print(f"Averaged {len(steps)} checkpoints of {checkpoints}, steps {', '.join(map(str, steps))}")
+                if warning := averaging_span_warning(steps):
+                    print(f"Warning: {warning}", file=sys.stderr)
+            else:
+                checkpoint = load_checkpoint(source)
+            if args.format == "hf-transformer":
+                export(checkpoint, folder, **card_info)
+            elif args.format == "marian":
+                if from_folder:
+                    export_marian_from_folder(source, folder, **card_info)
+                else:
+                    export_marian(checkpoint, folder, **card_info)
+            elif from_folder:
+                check_model_folder(source)
+                model = TransformerForConditionalGeneration.from_pretrained(source)
+                tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
+                convert(model, tokenizer, folder, args)
+            else:
+                convert(model_from_checkpoint(checkpoint), tokenizer_from_checkpoint(checkpoint), folder, args)
     except (ImportError, ValueError) as err:  # an extra missing, a pre-LN model, an unknown quantization, a length
         if isinstance(err, UserError):
             raise
         raise UserError(str(err)) from err
-    print(f"Exported to {folder}")
+    print(f"Exported to {target}")
 
 
 def convert(
-    model: TransformerForConditionalGeneration, tokenizer: PreTrainedTokenizerFast, args: argparse.Namespace
+    model: TransformerForConditionalGeneration,
+    tokenizer: PreTrainedTokenizerFast,
+    folder: Path,
+    args: argparse.Namespace,
 ) -> Path:
-    """Write `model` in the runtime format `args.format` (ctranslate2, onnx); the converters import their extras."""
+    """Write `model` into `folder` in the runtime format `args.format` (ctranslate2, onnx); the converters import
+    their extras."""
     if args.format == "ctranslate2":
         from hf_transformer.export.ctranslate2 import to_ctranslate2
 
-        return to_ctranslate2(model, tokenizer, args.folder, quantization=args.quantization)
+        return to_ctranslate2(model, tokenizer, folder, quantization=args.quantization)
     from hf_transformer.export.onnx import to_onnx
 
     return to_onnx(
         model,
         tokenizer,
-        args.folder,
+        folder,
         batch_size=args.batch_size,
         source_length=args.source_length,
         max_length=args.max_length,
@@ -139,13 +149,3 @@ def check_output_folder(folder: Path, overwrite: bool) -> None:
             f"{folder} is not empty ({shown}): export into a new or empty folder, or add --overwrite to replace its "
             "files"
         )
-
-
-def _positive(text: str) -> int:
-    try:
-        number = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
-    return number

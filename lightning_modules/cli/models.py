@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
 from transformers.utils import logging as transformers_logging
 
 from hf_transformer.engine import TranslationEngine
@@ -18,8 +19,47 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="a folder written by `hf-transformer export` (any --format but marian), a Hub id, a .ckpt file of "
         "training, or with --average the folder of the checkpoints",
     )
-    parser.add_argument("--average", type=int, metavar="N", help="average the last N checkpoints of the MODEL folder")
-    parser.add_argument("--device", default="cpu", help="where to run the model: cpu (default), cuda, cuda:1, mps")
+    parser.add_argument(
+        "--average", type=positive_int, metavar="N", help="average the last N checkpoints of the MODEL folder"
+    )
+    parser.add_argument(
+        "--device", default="cpu", type=torch_device, help="where to run the model: cpu (default), cuda, cuda:1, mps"
+    )
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
+def torch_device(text: str) -> str:
+    """An argparse type: a device that torch has on this machine (moving the model to another one is a traceback)."""
+    try:
+        parsed = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is no device: use cpu, cuda, cuda:N or mps") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count()
+        if not count:
+            if torch.version.cuda is None:
+                raise argparse.ArgumentTypeError(
+                    f"{text}: this torch ({torch.__version__}) is built without CUDA. Use --device cpu, or install a "
+                    "CUDA build of torch"
+                )
+            raise argparse.ArgumentTypeError(f"{text}: torch finds no CUDA GPU on this machine. Use --device cpu")
+        if (parsed.index or 0) >= count:
+            raise argparse.ArgumentTypeError(f"{text}: torch finds {count} CUDA GPUs, cuda:0 to cuda:{count - 1}")
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: MPS (Apple GPUs) is not available here. Use --device cpu")
+    elif parsed.type not in ("cpu", "cuda", "mps"):
+        raise argparse.ArgumentTypeError(f"{text}: the model runs on cpu, cuda, cuda:N or mps")
+    return text
 
 
 def load_engine(source: str, average: int | None = None, device: str = "cpu") -> TranslationEngine:

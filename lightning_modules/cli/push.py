@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pickle
 import shutil
 import tempfile
@@ -15,7 +14,7 @@ from typing import Any
 from huggingface_hub import CommitInfo
 
 from hf_transformer.errors import HubError
-from hf_transformer.export.folder import export_marian_from_folder
+from hf_transformer.export.folder import export_marian_from_folder, link_or_copy
 from hf_transformer.export.hub import check_export_folder, check_repo_id, find_token, push_folder
 from hf_transformer.export.model_card import CARD_FORMATS, CARD_NAME, rewrite_model_card
 
@@ -146,7 +145,7 @@ def _read_results(path: Path) -> dict[str, float]:
 def _stage_export_folder(source: Path, staged: Path, repo_id: str, format: str) -> None:
     """The folder to push for an exported `source`: a view of it, or its Marian conversion, with the card (if it has
     one) rendered for `repo_id`."""
-    check_export_folder(source)
+    check_export_folder(source, tokenizer=True)
     source_format = "marian" if _model_type(source) == "marian" else "hf-transformer"
     if format == "marian" and source_format == "hf-transformer":
         export_marian_from_folder(source, staged, repo_id=repo_id)
@@ -165,13 +164,7 @@ def _stage_folder(folder: Path, staged: Path) -> None:
     """A copy of `folder` to push: files hard-linked where possible (weights can be large), the card copied so that
     pointing it at the repo never edits the original."""
 
-    def link_or_copy(src: str, dst: str) -> str:
-        if Path(src).name != CARD_NAME:
-            try:
-                os.link(src, dst)
-                return dst
-            except OSError:  # another file system, or links not allowed
-                pass
-        return shutil.copy2(src, dst)
+    def link_or_copy_card(src: str, dst: str) -> str:
+        return shutil.copy2(src, dst) if Path(src).name == CARD_NAME else link_or_copy(src, dst)
 
-    shutil.copytree(folder, staged, copy_function=link_or_copy)
+    shutil.copytree(folder, staged, copy_function=link_or_copy_card)

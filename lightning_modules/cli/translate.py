@@ -2,17 +2,21 @@
 onmt_translate and marian-decoder do, with `translate()`."""
 
 import argparse
+import os
+import shutil
 import sys
+import tempfile
 import time
 import warnings
-from collections.abc import Iterator
-from contextlib import ExitStack
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TextIO
 
 from hf_transformer.attention import alignment, format_alignment
 from hf_transformer.engine import TranslationEngine
-from hf_transformer.errors import UserError
+from hf_transformer.errors import DataError, UserError
+from hf_transformer.export.folder import umask_mode
 from hf_transformer.translate import SourceTruncatedWarning, Translation, truncation_message
 
 from .models import add_model_arguments, load_engine
@@ -24,15 +28,18 @@ CHUNK_LINES = 1000
 def main(argv: list[str]) -> None:
     """`hf-transformer translate MODEL [FILE ...] [...]`."""
     args = _parser().parse_args(argv)
+    sources = [Path(name) for name in args.files]
+    for source in sources:
+        if not source.is_file():
+            raise UserError(f"{source}: no such file (FILE arguments are text files, one sentence per line)")
+    line_count = sum(_count_lines(source) for source in sources)  # a file not in UTF-8 stops here, before any work
+    if args.output:
+        _check_output(Path(args.output), [*sources, *([Path(args.reference)] if args.reference else [])])
     with ExitStack() as stack:
-        output = stack.enter_context(open(args.output, "w", encoding="utf-8")) if args.output else sys.stdout
-        sources = [Path(name) for name in args.files]
-        for source in sources:
-            if not source.is_file():
-                raise UserError(f"{source}: no such file (FILE arguments are text files, one sentence per line)")
+        output = stack.enter_context(_output_file(Path(args.output))) if args.output else sys.stdout
         references = _read_references(args.reference) if args.reference else None
         if references is not None and sources:
-            _check_references(references, sum(_count_lines(source) for source in sources), args.reference)
+            _check_references(references, line_count, args.reference)
         engine = load_engine(args.model, args.average, args.device)
         engine.check_settings(args.num_beams, args.length_penalty, args.n_best)
         if args.alignments:
@@ -40,6 +47,47 @@ def main(argv: list[str]) -> None:
         hypotheses = translate_lines(engine, sources, output, args)
     if references is not None:
         print_scores(hypotheses, references, args.reference, args.target_lang)
+
+
+def _check_output(output: Path, inputs: list[Path]) -> None:
+    """Refuse an output that is a folder, or one of the files read (which the translations would replace)."""
+    if output.is_dir():
+        raise UserError(f"-o {output} is a folder: give the path of a file to write the translations to")
+    for path in inputs:
+        if output.exists() and path.exists() and os.path.samefile(output, path):
+            raise UserError(
+                f"-o {output} is {path}, an input of this run: the translations would replace it. Write them to "
+                "another file"
+            )
+
+
+@contextmanager
+def _output_file(path: Path) -> Iterator[TextIO]:
+    """The file to write the translations into: a temporary file beside `path` that takes its place when the block
+    ends without an error, so that a run that fails or is killed leaves an earlier `path` as it was. A device or a pipe
+    (/dev/null) is written directly."""
+    target = Path(os.path.realpath(path))  # through a symbolic link, as open() writes
+    try:
+        if target.is_file() or not target.exists():
+            descriptor, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        else:
+            descriptor, temporary = os.open(target, os.O_WRONLY | os.O_TRUNC), None
+    except OSError as err:
+        raise UserError(
+            f"-o {path}: cannot write there ({err.strerror}). Give a file in an existing folder you can write to"
+        ) from err
+    try:
+        with open(descriptor, "w", encoding="utf-8") as file:
+            yield file
+        if temporary:
+            if target.exists():
+                shutil.copymode(target, temporary)  # the permissions of the file replaced
+            else:
+                os.chmod(temporary, umask_mode())  # not mkstemp's -rw-------
+            os.replace(temporary, target)
+    finally:
+        if temporary:
+            Path(temporary).unlink(missing_ok=True)
 
 
 def translate_lines(
@@ -129,18 +177,32 @@ def _chunks(sources: list[Path], size: int) -> Iterator[list[tuple[str, int, str
 
 def _lines(sources: list[Path]) -> Iterator[tuple[str, int, str]]:
     if not sources:
-        for number, line in enumerate(sys.stdin, 1):
-            yield "standard input", number, line.rstrip("\r\n")
+        # The bytes of standard input, decoded here as the files are; a text stream (io.StringIO) as it is.
+        yield from _decoded("standard input", getattr(sys.stdin, "buffer", sys.stdin))
         return
     for source in sources:
-        with open(source, encoding="utf-8") as file:
-            for number, line in enumerate(file, 1):
-                yield str(source), number, line.rstrip("\r\n")
+        with open(source, "rb") as file:
+            yield from _decoded(str(source), file)
+
+
+def _decoded(name: str, lines: Iterable[bytes | str]) -> Iterator[tuple[str, int, str]]:
+    """(name, line number, line) for each of `lines`, decoded from UTF-8 line by line (to name the line that is not)
+    and without its line end."""
+    for number, line in enumerate(lines, 1):
+        if isinstance(line, bytes):
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(
+                    f"line {number} of {name} is not UTF-8 text (byte {err.start + 1} is 0x{line[err.start]:02x}): "
+                    "translate reads plain UTF-8 text, one sentence per line. Convert it first (iconv -f latin1 -t "
+                    "utf-8 for Latin-1 text, gunzip for a .gz file)"
+                ) from None
+        yield name, number, line.rstrip("\r\n")
 
 
 def _count_lines(source: Path) -> int:
-    with open(source, "rb") as file:
-        return sum(1 for _ in file)
+    return sum(1 for _ in _lines([source]))
 
 
 def _read_references(path: str) -> list[str]:
