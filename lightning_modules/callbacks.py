@@ -6,8 +6,10 @@ import fcntl
 import importlib.util
 import netrc
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -25,7 +27,7 @@ from hf_transformer.errors import ConfigError, DiskFull, EarlierRunFound, Folder
 from hf_transformer.integrity import non_finite_tensors
 from hf_transformer.loss import IGNORE_INDEX
 
-from .checkpoint import RUN_ID
+from .checkpoint import RUN_ID, read_checkpoint
 
 
 class ExactResume(pl.Callback):
@@ -110,8 +112,8 @@ class TranslationThroughput(pl.Callback):
         self._reset()
 
 
-# How the user knows the exceptions that stop a run from outside.
-INTERRUPTIONS = {KeyboardInterrupt: "Ctrl-C", SIGTERMException: "SIGTERM"}
+# How the user knows the signals that stop a run from outside.
+INTERRUPTIONS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 
 class ResumableCheckpoint(ModelCheckpoint):
@@ -135,6 +137,12 @@ class ResumableCheckpoint(ModelCheckpoint):
       checkpoint, so the saved steps stay regular) unless it is there already, the weights are not finite, the
       exception is a non-finite loss (a diverging state is no place to resume from) or the disk is full; then the way
       to resume is printed.
+    - A Ctrl-C while training stops the run as a SIGTERM does: Lightning ends the step (or validation batch) under
+      way, then the state is saved. Python's KeyboardInterrupt landed mid-step, where the random generators already
+      held that step's dropout draws and the data was a batch ahead: the resumed run never trained on that batch. A
+      second Ctrl-C stops at once, without saving (the state then is no step's). The run exits 130 after a Ctrl-C and
+      143 after a SIGTERM (128 + the signal's number, as a process that the signal ended): Lightning's SIGTERM exited
+      0, as a finished run does.
 
     Lightning's `OnExceptionCheckpoint` is not used: with it, `fit` resumes by itself and its file wins over
     `last.ckpt` even when written at step 0 or from non-finite weights.
@@ -147,6 +155,8 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._saved_step: int | None = None  # the step of last.ckpt on disk, once training has started
         self._saving_step: int | None = None  # the step of the checkpoint being written
         self._lock: TextIO | None = None
+        self._sigint_handler: Any = None  # the SIGINT handler to restore while Ctrl-C is held to the step's end
+        self._stopped_by = signal.SIGTERM  # the signal behind Lightning's stop at the end of a step
         self.run_id: str | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -201,6 +211,35 @@ class ResumableCheckpoint(ModelCheckpoint):
                 "config)."
             )
         self._saved_step = self._saving_step = trainer.global_step
+        self._stopped_by = signal.SIGTERM
+        self._hold_ctrl_c(trainer)
+
+    def _hold_ctrl_c(self, trainer: pl.Trainer) -> None:
+        """Until training ends, a Ctrl-C sets the flag of Lightning's SIGTERM: the loops stop at the end of the step
+        or validation batch under way (under DDP, rank 0's flag reaches every rank at the next step) and
+        `on_exception` saves that state."""
+        handler = signal.getsignal(signal.SIGINT)
+        if threading.current_thread() is not threading.main_thread() or handler in (signal.SIG_IGN, None):
+            return  # signals reach the main thread only; a job started in the background ignores Ctrl-C
+
+        def stop_after_this_step(number: int, frame: Any) -> None:
+            self._release_ctrl_c()  # a second Ctrl-C stops at once
+            self._stopped_by = signal.SIGINT
+            trainer._signal_connector.received_sigterm = True  # what Lightning's own SIGTERM handler sets
+            if trainer.is_global_zero:  # not print(): the main thread may be inside a write to stderr
+                os.write(
+                    sys.stderr.fileno(),
+                    b"Ctrl-C: stopping once this step is done and its state saved (Ctrl-C again stops at once, "
+                    b"losing the steps since the last checkpoint)\n",
+                )
+
+        self._sigint_handler = handler
+        signal.signal(signal.SIGINT, stop_after_this_step)
+
+    def _release_ctrl_c(self) -> None:
+        if self._sigint_handler is not None:
+            signal.signal(signal.SIGINT, self._sigint_handler)
+            self._sigint_handler = None
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         self._saving_step = checkpoint["global_step"]
@@ -221,6 +260,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._saved_step = self._saving_step
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._release_ctrl_c()
         super().on_train_end(trainer, pl_module)
         if self.save_last and self._saved_step is not None and self._saved_step != trainer.global_step:
             self._save_last_now(trainer)
@@ -242,6 +282,12 @@ class ResumableCheckpoint(ModelCheckpoint):
         super().load_state_dict(state_dict)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._release_ctrl_c()
+        pressed_twice = isinstance(exception, KeyboardInterrupt) and self._stopped_by == signal.SIGINT
+        if isinstance(exception, SIGTERMException):
+            exception.code = 128 + self._stopped_by
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this save short
         try:
             if (
                 not self.save_on_exception
@@ -249,20 +295,45 @@ class ResumableCheckpoint(ModelCheckpoint):
                 or isinstance(exception, FloatingPointError | DiskFull)
             ):
                 return
+            if pressed_twice:
+                self._report_unsaved(trainer)
+                return
             if self._saved_step != trainer.global_step:
                 if non_finite_tensors(pl_module.named_parameters()):
                     return
                 self._save_last_now(trainer)
             if trainer.is_global_zero and self.last_model_path:
-                cause = INTERRUPTIONS.get(type(exception), type(exception).__name__)
                 print(
-                    f"Stopped at step {trainer.global_step} ({cause}); its state is saved in "
+                    f"Stopped at step {trainer.global_step} ({self._cause(exception)}); its state is saved in "
                     f"{relative_to_cwd(Path(self.last_model_path))}. Resume: the same command with --ckpt_path last",
                     file=sys.stderr,
                     flush=True,
                 )
         finally:
             self._release_lock()
+
+    def _cause(self, exception: BaseException) -> str:
+        if isinstance(exception, SIGTERMException):
+            return INTERRUPTIONS[self._stopped_by]
+        return INTERRUPTIONS[signal.SIGINT] if isinstance(exception, KeyboardInterrupt) else type(exception).__name__
+
+    def _report_unsaved(self, trainer: pl.Trainer) -> None:
+        """After a second Ctrl-C, which lands mid-step: which state a resume starts from."""
+        if not trainer.is_global_zero:
+            return
+        if self.last_model_path:
+            step = read_checkpoint(self.last_model_path, mmap=True)["global_step"]
+            saved = (
+                f"{relative_to_cwd(Path(self.last_model_path))} holds step {step}. Resume: the same command with "
+                "--ckpt_path last"
+            )
+        else:
+            saved = "no checkpoint was written yet"
+        print(
+            f"Stopped during step {trainer.global_step + 1} (Ctrl-C twice), whose state is not saved; {saved}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _moved_state(state_dict: dict[str, Any], dirpath: str) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """`TranslationDataModule`: parallel text from any source -> tokenized, filtered, token-budget batches."""
 
+import signal
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -378,6 +379,7 @@ class TranslationDataModule(pl.LightningDataModule):
             collate_fn=self._train_collator if role == "train" else self._collator,
             num_workers=workers,
             persistent_workers=workers > 0,
+            worker_init_fn=_leave_ctrl_c_to_the_main_process,
         )
 
     def _check_batch_limit(self, role: str, batch_sampler: TokenBudgetBatchSampler) -> None:
@@ -392,6 +394,13 @@ class TranslationDataModule(pl.LightningDataModule):
                 f"{batch_sampler.max_tokens} tokens per device, and trainer.{name}={limit} keeps {limit:.0%} of them: "
                 f"less than one. Set trainer.{name} to 1.0 (the whole split) or to a number of batches (an int, e.g. 1)"
             )
+
+
+def _leave_ctrl_c_to_the_main_process(worker_id: int) -> None:
+    """A terminal sends Ctrl-C to the data loader workers too. The main process stops at the end of its step
+    (`ResumableCheckpoint`), and may need batches until then (validation's too): a worker that the Ctrl-C ended would
+    not make them, and one that inherited the main process's handler would act on it a second time."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _lowercases(tokenizer: PreTrainedTokenizerFast) -> bool:
