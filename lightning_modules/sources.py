@@ -9,6 +9,7 @@ Table-like data holds either a `translation: {lang: text}` column or one text co
 import codecs
 import csv
 import gzip
+import zlib
 from pathlib import Path
 from typing import BinaryIO
 
@@ -33,6 +34,10 @@ _TABLE_FORMATS = {
 _TEXT_FEATURES = Features({"text": Value("string")})
 # The UTF-8 byte-order mark that some editors (Windows Notepad, Excel) write at the start of a file.
 _BYTE_ORDER_MARK = codecs.BOM_UTF8.decode()
+# The first bytes of a file in which a NUL byte marks binary data (git reads as many).
+_BINARY_CHECK_BYTES = 8000
+# What reading a .gz file that is cut short, damaged or no gzip data raises.
+_GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
 # The fix for a language not in the data: the data module fields that name languages.
 _CHOOSE_LANGUAGES = "Choose data.source_lang, data.target_lang and data.extra_source_langs among them"
 
@@ -157,16 +162,25 @@ def _load_table_file(path: Path, source_lang: str, target_lang: str) -> Dataset:
 
 def _load_file(builder: str, path: Path, **options) -> Dataset:
     """One local file through a `datasets` builder, with its failures explained in terms of the file."""
-    with _open_binary(path) as file:
-        if not file.read(1):
-            raise DataError(f"{path} is empty: a split needs at least one pair")
     try:
+        with _open_binary(path) as file:
+            if not file.read(1):
+                raise DataError(f"{path} is empty: a split needs at least one pair")
         return load_dataset(builder, data_files=str(path), split="train", **options)
+    except _GZIP_ERRORS as error:
+        raise _broken_gzip(path, error) from error
     except DatasetGenerationError as error:
         cause = error.__cause__
-        if isinstance(cause, UnicodeDecodeError) and (problem := _undecodable(path)) is not None:
+        if isinstance(cause, _GZIP_ERRORS):
+            raise _broken_gzip(path, cause) from error
+        if (problem := _undecodable(path)) is not None:  # binary or not UTF-8: a parse error would not say so
             raise problem from error
         raise DataError(f"could not read {path} as {builder}: {cause or error}") from error
+    except pa.ArrowInvalid as error:  # the parquet builder reads the file's footer before it generates any rows
+        raise DataError(
+            f"could not read {path} as {builder} ({error}): write it again as a {builder} file, or give it the "
+            "extension of its format"
+        ) from error
 
 
 def _load_with_datasets(dataset: str, config: str | None, split: str, source_lang: str, target_lang: str) -> Dataset:
@@ -235,17 +249,56 @@ def _as_text(data: Dataset, column: str, lang: str, origin: str, files: list[Pat
 
 
 def _undecodable(path: Path) -> DataError | None:
-    """The error naming the first line of `path` that is not UTF-8, or None if every line decodes."""
-    with _open_binary(path) as lines:
-        for number, line in enumerate(lines, start=1):
-            try:
-                line.decode("utf-8")
-            except UnicodeDecodeError as error:
+    """The error naming the first line of `path` that is not UTF-8 text (binary data, UTF-16, another encoding, or a
+    damaged .gz), or None if every line decodes. Parquet is binary by design: None."""
+    if path.name.removesuffix(".gz").endswith(".parquet"):
+        return None
+    try:
+        with _open_binary(path) as lines:
+            head = lines.read(_BINARY_CHECK_BYTES)
+            if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
                 return DataError(
-                    f"{path}, line {number}: bytes {line[error.start : error.end]!r} at column {error.start + 1} "
-                    "are not UTF-8; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                    f"{path} is UTF-16 text (what Windows calls Unicode); re-encode the file as UTF-8 (e.g. iconv -f "
+                    "utf-16 -t utf-8)"
                 )
+            if b"\0" in head:  # as git and grep tell binary files: text holds no NUL bytes, and re-encoding won't help
+                line = head.count(b"\n", 0, head.index(b"\0")) + 1
+                return DataError(
+                    f"{path} is binary data, not text (a NUL byte on line {line}). Give the split's text file (UTF-8, "
+                    "one sentence per line, or gzip-compressed text ending in .gz)"
+                )
+            lines.seek(0)
+            for number, line in enumerate(lines, start=1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    return DataError(
+                        f"{path}, line {number}: bytes {line[error.start : error.end]!r} at column {error.start + 1} "
+                        "are not UTF-8; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                    )
+    except _GZIP_ERRORS as error:
+        return _broken_gzip(path, error)
     return None
+
+
+def _broken_gzip(path: Path, error: Exception) -> DataError:
+    """The error for a .gz file that gzip cannot read to its end, naming the last line it could read."""
+    if isinstance(error, gzip.BadGzipFile) and str(error).startswith("Not a gzipped file"):
+        return DataError(
+            f"{path} ends in .gz but holds no gzip data ({error}): rename it without .gz if it is plain text, or "
+            "compress it with gzip"
+        )
+    lines = 0
+    try:
+        with gzip.open(path, "rb") as file:
+            for _ in file:
+                lines += 1
+    except _GZIP_ERRORS:
+        pass
+    where = f"after line {lines}" if lines else "within its first line"
+    return DataError(
+        f"{path} is cut short or damaged {where} ({error}): copy or download it again (gzip -t {path} checks a file)"
+    )
 
 
 def _open_binary(path: Path) -> BinaryIO:

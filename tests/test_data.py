@@ -725,6 +725,35 @@ def test_undecodable_bytes_name_file_and_line(tmp_path, name):
         local_module(tmp_path)
 
 
+NUMBERS = "".join(f"{n} {n * n}\n" for n in range(5000)).encode()  # compresses to 20 kB, not to a few bytes
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "expected"),
+    [
+        (
+            "train.de.gz",
+            gzip.compress(NUMBERS)[:5000],
+            r"train\.de\.gz is cut short or damaged after line \d+ \(Compressed file ended before the end-of-stream "
+            r"marker was reached\): copy or download it again \(gzip -t .*train\.de\.gz checks a file\)$",
+        ),
+        ("train.jsonl.gz", gzip.compress(b'{"en": "a", "de": "b"}\n')[:15], "is cut short or damaged within its first"),
+        ("train.de.gz", b"eins\n", r"train\.de\.gz ends in \.gz but holds no gzip data .*rename it without \.gz"),
+        ("train.de", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", r"train\.de is binary data, not text \(a NUL byte on line 3\)"),
+        ("train.jsonl", b"\0\x01\x02\n", r"train\.jsonl is binary data, not text \(a NUL byte on line 1\)"),
+        ("train.de", "eins\nzwei\n".encode("utf-16"), r"train\.de is UTF-16 text .*iconv -f utf-16 -t utf-8"),
+        ("train.parquet", b"PAR1 and no more", r"could not read .*train\.parquet as parquet \(.*\): write it again"),
+    ],
+)
+def test_a_damaged_or_binary_data_file_is_named_with_the_fix(tmp_path, name, content, expected):
+    """A .gz cut short or no gzip at all, binary data, UTF-16 text or a broken parquet file ended in a traceback
+    (EOFError, BadGzipFile, ArrowInvalid) or in advice to re-encode Latin-1."""
+    (tmp_path / name).write_bytes(content)
+    write_lines(tmp_path / "train.en", ["one", "two"])
+    with pytest.raises(DataError, match=expected):
+        local_module(tmp_path)
+
+
 def test_missing_field_names_row_and_language(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", [{"en": "a", "de": "b"}, {"en": "c"}])
     with pytest.raises(DataError, match=r"train\.jsonl: row 2 has no text for 'de'"):
