@@ -392,6 +392,7 @@ class TransformerDecoder(TransformerStack):
     def __init__(self, config: TransformerConfig):
         super().__init__(config, [DecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)])
 
+    @accepts_past_key_values
     @can_return_tuple
     def forward(
         self,

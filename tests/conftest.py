@@ -205,7 +205,15 @@ REMOTE_LOAD = textwrap.dedent(
     with torch.no_grad():
         logits = model(input_ids=inputs["source"], decoder_input_ids=inputs["target"]).logits
     beams = model.generate(inputs["source"], max_new_tokens=5)
-    torch.save({"logits": logits, "beams": beams}, outputs_path)
+    # The decoder alone continues from a cache passed by either name (renamed `cache` in transformers 5.24).
+    decoder, encoded = model.get_decoder(), model.get_encoder()(inputs["source"]).last_hidden_state
+    continued = {}
+    with torch.no_grad():
+        for name in ("past_key_values", "cache"):
+            first = decoder(inputs["target"][:, :-2], encoder_hidden_states=encoded, use_cache=True).to_tuple()
+            continued[name] = decoder(inputs["target"][:, -2:], encoder_hidden_states=encoded, **{name: first[1]})[0]
+        last_two = decoder(inputs["target"], encoder_hidden_states=encoded)[0][:, -2:]
+    torch.save({"logits": logits, "beams": beams, "continued": continued, "last_two": last_two}, outputs_path)
     """
 )
 
@@ -215,7 +223,9 @@ def load_without_the_package(
 ) -> dict[str, torch.Tensor] | str:
     """Load a saved folder with `trust_remote_code=True` in a fresh interpreter where `hf_transformer` cannot be
     imported (`pythonpath` first on its path, e.g. another transformers release) and return its logits for
-    (source, target) and its beam search output for source; with `expect_failure`, the error output instead."""
+    (source, target), its beam search output for source, and its decoder's last two outputs of target, from one pass
+    (`last_two`) and continued from a cache passed by each name (`continued`); with `expect_failure`, the error output
+    instead."""
     work = Path(folder).parent
     torch.save({"source": source, "target": target}, work / "inputs.pt")
     (work / "load.py").write_text(REMOTE_LOAD)
@@ -232,6 +242,14 @@ def load_without_the_package(
         return result.stderr
     assert result.returncode == 0, result.stderr[-3000:]
     return torch.load(work / "outputs.pt")
+
+
+def assert_continues_under_both_cache_names(remote: dict) -> None:
+    """The remote-loaded decoder's outputs continued from a cache (`load_without_the_package`) equal one pass's, with
+    the cache passed by its name before transformers 5.24 (`past_key_values`) and after (`cache`)."""
+    assert set(remote["continued"]) == {"past_key_values", "cache"}
+    for name, continued in remote["continued"].items():
+        torch.testing.assert_close(continued, remote["last_two"], atol=1e-5, rtol=0, msg=name)
 
 
 def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:

@@ -72,6 +72,9 @@ def test_generation_benchmark_runs(tmp_path):
     )
     generation = json.loads(out.read_text())["generation"]
     assert set(generation) == {"greedy", "beam4", "batched_translate"}
+    # generate() compiles the forward of greedy search, for both models, and never of beam search.
+    assert generation["greedy"]["forward_compiled"] == {"ours": True, "marian": True}
+    assert generation["beam4"]["forward_compiled"] == {"ours": False, "marian": False}
 
 
 def test_precision_benchmark_times_every_precision_and_attention(tmp_path):

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import load_without_the_package
+from conftest import assert_continues_under_both_cache_names, load_without_the_package
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.cache_utils import DynamicCache
@@ -568,6 +568,7 @@ def test_remote_code_load_without_the_package_gives_identical_outputs(tiny_confi
             remote["logits"], model(input_ids=source, decoder_input_ids=target).logits, atol=0, rtol=0
         )
     assert torch.equal(remote["beams"], model.generate(source, max_new_tokens=5))
+    assert_continues_under_both_cache_names(remote)
 
 
 def test_corrupt_weights_are_refused_naming_the_file(tiny_config, tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import load_without_the_package
+from conftest import assert_continues_under_both_cache_names, load_without_the_package
 
 from hf_transformer import TransformerForConditionalGeneration
 from hf_transformer.configuration_transformer import MIN_TRANSFORMERS_VERSION
@@ -65,6 +65,7 @@ def test_remote_code_gives_identical_outputs_under_older_transformers(version, s
             remote["logits"], model(input_ids=source, decoder_input_ids=target).logits, atol=1e-6, rtol=0
         )
     assert torch.equal(remote["beams"], model.generate(source, max_new_tokens=5))
+    assert_continues_under_both_cache_names(remote)
 
 
 @pytest.mark.slow

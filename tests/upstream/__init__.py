@@ -1,5 +1,6 @@
 """transformers' own common model tests, run against this package by `tests/test_hf_contract.py` (see README.md)."""
 
+import importlib.util
 import subprocess
 import sys
 import tarfile
@@ -14,6 +15,14 @@ UPSTREAM_FILES = ("test_modeling_common.py", "test_configuration_common.py")
 # Downloads are kept between runs (10 MB): a fresh machine fetches them once.
 DOWNLOADS = Path.home() / ".cache" / "hf-transformer-tests"
 UNREACHABLE = ("Could not find a version", "No matching distribution", "NewConnectionError", "Temporary failure")
+# transformers' generation and export test mixins, which the sdist does not ship, lie unchanged beside the checkout
+# (../shared/upstream-tests, with their source and revision); the stand-ins in generation/ and exporters/ take their
+# place where that folder is absent. Module name here -> file there; the first is imported by the second.
+SHARED = HERE.parents[2] / "shared" / "upstream-tests"
+SHARED_MIXINS = {
+    "exporters.test_export": "exporters/test_export.py",
+    "generation.test_utils": "generation/test_utils.py",
+}
 
 
 def fetch_upstream_tests(version: str = transformers.__version__) -> None:
@@ -39,3 +48,21 @@ def fetch_upstream_tests(version: str = transformers.__version__) -> None:
         for name in UPSTREAM_FILES:
             (HERE / name).write_bytes(archive.extractfile(f"transformers-{version}/tests/{name}").read())
     marker.write_text(version)
+
+
+def load_shared_mixins() -> bool:
+    """Import transformers' `GenerationTesterMixin` and export test mixins from `SHARED`, unchanged, under the names
+    `test_modeling_common.py` imports them by (`upstream.generation.test_utils`, `upstream.exporters.test_export`),
+    before it imports the stand-ins. `generation/test_utils.py` imports the export mixins by their absolute name in
+    transformers' repository (`tests.exporters.test_export`): that name is the same module. False where `SHARED` lacks
+    the files (the stand-ins stay)."""
+    if not all((SHARED / path).exists() for path in SHARED_MIXINS.values()):
+        return False
+    for name, path in SHARED_MIXINS.items():
+        spec = importlib.util.spec_from_file_location(f"{__name__}.{name}", SHARED / path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        if name == "exporters.test_export":
+            sys.modules["tests.exporters.test_export"] = module
+        spec.loader.exec_module(module)
+    return True

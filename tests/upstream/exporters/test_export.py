@@ -1,5 +1,6 @@
-"""Stands in for transformers' `tests/exporters/test_export.py`, which the PyPI sdist does not ship:
-`ModelTesterMixin` derives from its `ExportTesterMixin`. Export is tested in `tests/test_hf_contract.py`."""
+"""Stands in for transformers' `tests/exporters/test_export.py` where `../shared/upstream-tests/` is absent
+(`upstream.load_shared_mixins`): the PyPI sdist does not ship it, and `ModelTesterMixin` derives from its
+`ExportTesterMixin`. Export is also tested in `tests/test_hf_contract.py`."""
 
 
 class ExportTesterMixin:
