@@ -27,12 +27,17 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
+def whole_number(text: str) -> int:
+    """An argparse type: a whole number."""
     try:
-        number = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    number = whole_number(text)
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
     return number

@@ -6,7 +6,7 @@ import warnings
 from hf_transformer.errors import MissingExtra
 from hf_transformer.translate import SourceTruncatedWarning
 
-from .models import add_model_arguments, load_engine
+from .models import add_model_arguments, load_engine, positive_int, whole_number
 
 
 def main(argv: list[str]) -> None:
@@ -40,27 +40,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--port", type=_port, default=8000, help="the port, 0 to 65535 (default: 8000)")
     parser.add_argument(
-        "--max-sentences", type=_positive, default=64, help="the most sentences one request may hold (default: 64)"
+        "--max-sentences", type=positive_int, default=64, help="the most sentences one request may hold (default: 64)"
     )
     return parser
 
 
-def _whole(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-
-
 def _port(text: str) -> int:
-    number = _whole(text)
+    number = whole_number(text)
     if not 0 <= number <= 65535:
         raise argparse.ArgumentTypeError(f"ports are 0 to 65535, got {number}: choose one in that range, e.g. 8000")
-    return number
-
-
-def _positive(text: str) -> int:
-    number = _whole(text)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
     return number
