@@ -127,6 +127,7 @@ class ResumableCheckpoint(ModelCheckpoint):
     - A fresh run (no `ckpt_path`) into a folder that holds checkpoints stops with a message instead of mixing two
       runs' files: README's commands name this pinned folder, so a new versioned folder would leave them pointing at
       the old run.
+    - A run resumed with a smaller `save_top_k` keeps its best (with `monitor: step`, its last) `save_top_k`.
     - A run folder that was moved or copied resumes as the same run: the checkpoint paths in its state are read in
       the folder where it is now (Lightning forgets them, then writes `last-v1.ckpt` beside a `last.ckpt` that stays
       at the old step).
@@ -157,6 +158,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._lock: TextIO | None = None
         self._sigint_handler: Any = None  # the SIGINT handler to restore while Ctrl-C is held to the step's end
         self._stopped_by = signal.SIGTERM  # the signal behind Lightning's stop at the end of a step
+        self._dropped: list[str] = []  # checkpoints out of a smaller save_top_k than the resumed run's
         self.run_id: str | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -210,6 +212,9 @@ class ResumableCheckpoint(ModelCheckpoint):
                 "moving that folder away, or write this run elsewhere (dirpath of the checkpoint callback in your "
                 "config)."
             )
+        for path in self._dropped:
+            self._remove_checkpoint(trainer, path)
+        self._dropped = []
         self._saved_step = self._saving_step = trainer.global_step
         self._stopped_by = signal.SIGTERM
         self._hold_ctrl_c(trainer)
@@ -280,6 +285,19 @@ class ResumableCheckpoint(ModelCheckpoint):
         if self.dirpath and saved_in and saved_in != self.dirpath:  # the folder was moved or copied
             state_dict = _moved_state(state_dict, self.dirpath)
         super().load_state_dict(state_dict)
+        self._keep_top_k()
+
+    def _keep_top_k(self) -> None:
+        """A run resumed with a smaller save_top_k keeps its best save_top_k checkpoints; the others' files are
+        removed at the start of training, as Lightning removes those that drop out of the top k. Lightning kept the
+        saved ones: it then looked up a k-th best it never had (KeyError ''), or, past the old k, never removed one."""
+        if self.save_top_k < 1 or len(self.best_k_models) <= self.save_top_k:
+            return
+        ranked = sorted(self.best_k_models, key=self.best_k_models.get, reverse=self.mode == "max")  # best first
+        self._dropped = ranked[self.save_top_k :]
+        self.best_k_models = {path: self.best_k_models[path] for path in ranked[: self.save_top_k]}
+        self.kth_best_model_path = ranked[self.save_top_k - 1]
+        self.kth_value = self.best_k_models[self.kth_best_model_path]
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._release_ctrl_c()

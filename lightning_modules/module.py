@@ -121,6 +121,28 @@ def check_resumable(path: str, checkpoint: dict[str, Any]) -> None:
         )
 
 
+def check_same_weights(checkpoint: dict[str, Any], module: pl.LightningModule) -> None:
+    """Refuse a checkpoint whose weights are not the ones this config's model has (pre-LN adds a layer norm at the end
+    of each stack), naming the settings that differ: Lightning's `load_state_dict` listed only the missing keys."""
+    expected, saved = set(module.state_dict()), set(checkpoint["state_dict"])
+    if expected == saved:
+        return
+    ours, theirs = module.model.config.to_dict(), checkpoint.get("hf_config", {})
+    settings = [
+        f"model.config.{field.name} is {theirs[field.name]!r} in the checkpoint, {ours.get(field.name)!r} here"
+        for field in dataclasses.fields(TransformerConfig)
+        if field.name in theirs and theirs[field.name] != ours.get(field.name)
+    ]
+    weights = sorted(expected ^ saved)
+    names = ", ".join(weights[:2]) + (f" and {len(weights) - 2} more" if len(weights) > 2 else "")
+    raise CheckpointError(
+        f"the checkpoint (--ckpt_path) holds another architecture than this config builds: "
+        f"{'; '.join(settings) or 'the weights differ'} (weights in one and not the other: {names}). The settings "
+        "must agree to resume or evaluate it: use those of the run that wrote it, or train with the new ones as a "
+        "new run (another trainer.default_root_dir, without --ckpt_path)"
+    )
+
+
 def check_training_settings(hparams: dict[str, Any]) -> None:
     """Refuse settings that would fail only later (a division by zero in the schedule, a loss error after the
     sanity check), naming the setting."""
@@ -416,3 +438,4 @@ class TranslationModule(pl.LightningModule):
         if self.tokenizer is None and "tokenizer" in checkpoint:
             self.tokenizer = tokenizer_from_checkpoint(checkpoint)
         check_same_model(checkpoint, self.model.config, self.tokenizer)
+        check_same_weights(checkpoint, self)

@@ -802,6 +802,32 @@ def test_ckpt_path_last_resumes_or_says_there_is_nothing_to_resume(run_dir, caps
     )
 
 
+@pytest.mark.parametrize("steps", [9, 15])
+def test_a_run_resumed_with_a_smaller_save_top_k_keeps_its_last_checkpoints(run_dir, steps):
+    """Resumed with save_top_k 2 after 3 (steps 3-9) or 5 (steps 3-15) checkpoints of save_top_k 5: Lightning stopped
+    with KeyError '' in the first case and kept every checkpoint from then on in the second."""
+    fit(f"--trainer.max_steps={steps}")
+    fit(f"--trainer.max_steps={steps + 6}", "--ckpt_path=last", "--checkpoint.save_top_k=2")
+    kept = {f"step{step:06d}.ckpt": step for step in (steps + 3, steps + 6)}
+    assert checkpoint_steps(run_dir) == kept | {"last.ckpt": steps + 6}
+
+
+def test_resuming_with_another_architecture_names_the_setting(run_dir, capsys):
+    """Post-LN resumed as pre-LN: Lightning's RuntimeError listed the missing layer norms ("Missing key(s) in
+    state_dict")."""
+    fit("--trainer.max_steps=3")
+    args = ["--config", str(DEMO), "--config", "tiny.yaml", "--trainer.max_steps=6", "--ckpt_path=last"]
+    message = error_line(capsys, "fit", *args, "--model.config.normalize_before=true")
+    assert message.endswith(
+        "holds another architecture than this config builds: model.config.normalize_before is False in the "
+        "checkpoint, True here (weights in one and not the other: model.model.decoder.layer_norm.bias, "
+        "model.model.decoder.layer_norm.weight and 2 more). The settings must agree to resume or evaluate it: use "
+        "those of the run that wrote it, or train with the new ones as a new run (another trainer.default_root_dir, "
+        "without --ckpt_path)"
+    )
+    assert checkpoint_steps(run_dir) == {"step000003.ckpt": 3, "last.ckpt": 3}
+
+
 def test_a_checkpoint_of_another_model_or_tokenizer_names_what_differs(run_dir, capsys):
     fit("--trainer.max_steps=3")
     ckpt = "--ckpt_path=runs/demo/checkpoints/last.ckpt"
