@@ -143,7 +143,11 @@ class ResumableDataLoader(DataLoader):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        # Creating an iterator draws the workers' base seed from the loader's generator, by default the global RNG:
+        # a new epoch's iterator, made after the checkpoint at the previous epoch's end, would shift the dropout
+        # masks of the run that never stopped against the resumed one. An own generator, seeded per epoch in
+        # `__iter__`, keeps the global RNG to the model and gives the workers the same seeds after a resume.
+        super().__init__(*args, generator=torch.Generator(), **kwargs)
         self._epoch = 0
         self._batches_done = 0
         self._resume_pending = False
@@ -155,6 +159,7 @@ class ResumableDataLoader(DataLoader):
         self._resume_pending = False
         self._epoch, self._batches_done = sampler.epoch, self._batches_done if resume else 0
         sampler.resume_at(self._batches_done)
+        self.generator.manual_seed(int(np.random.SeedSequence([sampler.seed, sampler.epoch]).generate_state(1)[0]))
         # Creating the iterator draws from the sampler (twice with workers); later iterations start from 0 again.
         batches = super().__iter__()
         sampler.resume_at(0)
