@@ -2,8 +2,10 @@
 error deep inside torch. Saved model folders carry this file with their remote code (the modeling file imports it
 relatively)."""
 
+import contextlib
+import contextvars
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 from safetensors import SafetensorError
@@ -21,12 +23,29 @@ def non_finite_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> lis
     return [name for (name, _), ok in zip(named, finite, strict=True) if not ok]
 
 
+# Set by `token_ids_checked_by_caller`. A context variable rather than an argument of `forward`: the checks sit where
+# ids enter the stacks (`generate` calls the encoder itself), three calls below the model a trainer calls.
+_CHECKED_BY_CALLER = contextvars.ContextVar("token_ids_checked_by_caller", default=False)
+
+
+@contextlib.contextmanager
+def token_ids_checked_by_caller() -> Iterator[None]:
+    """Within it, `check_token_ids` checks nothing, for a caller that checked its ids where it built the batch, on
+    the CPU (the training module: its data module's collate checks them). On a GPU the check reads its result from
+    the device, which waits for every kernel queued before it: three waits in each training step."""
+    token = _CHECKED_BY_CALLER.set(True)
+    try:
+        yield
+    finally:
+        _CHECKED_BY_CALLER.reset(token)
+
+
 def check_token_ids(
     input_ids: torch.Tensor, vocab_size: int, ignore_index: int | None = None, name: str = "input_ids"
 ) -> None:
     """Raise a readable error for an empty batch or ids outside [0, vocab_size) (other than `ignore_index`). Skipped
-    under `torch.compile`, whose graphs cannot raise on values."""
-    if torch.compiler.is_compiling():
+    under `torch.compile`, whose graphs cannot raise on values, and within `token_ids_checked_by_caller`."""
+    if torch.compiler.is_compiling() or _CHECKED_BY_CALLER.get():
         return
     if input_ids.numel() == 0:
         raise ValueError(

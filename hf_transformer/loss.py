@@ -205,14 +205,11 @@ def translation_loss(
     halves see different dropout masks), and the loss adds `rdrop_alpha` / 2 times the symmetric KL divergence of
     each token's two output distributions (`linear_cross_entropy`), still divided by the target tokens of the batch.
 
-    Eager, only the target positions are projected onto the vocabulary; a `torch.compile` graph cannot hold their
-    data-dependent number, so it projects every position and ignores padding by its label: one graph for the whole
-    step, at the cost of the few percent of padding that token-budget batches have."""
+    Every position is projected onto the vocabulary and padding is ignored by its label, at the cost of the few
+    percent of padding that token-budget batches have: selecting the target positions would need their number on the
+    host, a wait for the device in every step (and a data-dependent shape that a `torch.compile` graph cannot hold)."""
     is_target = labels != IGNORE_INDEX
-    if torch.compiler.is_compiling():
-        hidden_states, targets = hidden_states.flatten(0, 1), labels.flatten()
-    else:
-        hidden_states, targets = hidden_states[is_target], labels[is_target]
+    hidden_states, targets = hidden_states.flatten(0, 1), labels.flatten()
     if rdrop_alpha:
         halves_differ = labels.shape[0] % 2 or not (torch.compiler.is_compiling() or torch.equal(*labels.chunk(2)))
         if halves_differ:

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from hf_transformer.errors import DataError
+from hf_transformer.integrity import check_token_ids
 from hf_transformer.loss import IGNORE_INDEX
 from hf_transformer.token_budget import pack_token_budget
 
@@ -184,13 +185,15 @@ class TranslationCollator:
     sequences longer than the position limits are cut, keeping their final `</s>`. Evaluation rows (those with an
     `index`) pass on `source_text`, `target_text` and `index` (strings as lists, indices as a tensor).
     With `resegment` (training with BPE-dropout), the ids are those of the rows' texts encoded anew, except where that
-    passes the position limit, and the texts are not passed on.
+    passes the position limit, and the texts are not passed on. With `vocab_size`, ids outside [0, vocab_size) are
+    refused here, on the CPU, where the check costs no wait for a device (the training step does not check them).
     """
 
     pad_token_id: int
     max_source_positions: int
     max_target_positions: int
     resegment: Callable[[list[str]], list[list[int]]] | None = None
+    vocab_size: int | None = None
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         sources, targets = [row["input_ids"] for row in rows], [row["labels"] for row in rows]
@@ -206,6 +209,9 @@ class TranslationCollator:
             "attention_mask": (torch.arange(input_ids.shape[1]) < lengths[:, None]).long(),
             "labels": _pad(targets, IGNORE_INDEX),
         }
+        if self.vocab_size is not None:
+            check_token_ids(input_ids, self.vocab_size)
+            check_token_ids(batch["labels"], self.vocab_size, ignore_index=IGNORE_INDEX, name="labels")
         if "index" in rows[0]:
             batch["source_text"] = [row["source_text"] for row in rows]
             batch["target_text"] = [row["target_text"] for row in rows]

@@ -137,7 +137,9 @@ class TranslationDataModule(pl.LightningDataModule):
         self.tokenizer: PreTrainedTokenizerFast = self._load_or_train_tokenizer()
         # Where the tokenizer can be loaded from (None until a trained one is saved with the run).
         self.tokenizer_location: str | None = tokenizer or tokenizer_dir
-        self._collator = TranslationCollator(self.tokenizer.pad_token_id, max_source_positions, max_target_positions)
+        self._collator = TranslationCollator(
+            self.tokenizer.pad_token_id, max_source_positions, max_target_positions, vocab_size=len(self.tokenizer)
+        )
         self._train_collator = (
             replace(self._collator, resegment=BPEDropout.of(self.tokenizer, bpe_dropout))
             if bpe_dropout
@@ -175,10 +177,12 @@ class TranslationDataModule(pl.LightningDataModule):
             check_trained_on(hp.tokenizer_dir, self._tokenizer_recipe())
             rank_zero_info(f"Loading the tokenizer saved in {hp.tokenizer_dir}, trained earlier on the same data")
             return load_tokenizer(hp.tokenizer_dir)
+        pairs = self.raw_pairs(hp.train_split)
         rank_zero_info(
-            f"Training a {hp.bpe_vocab_size}-token BPE tokenizer on split {hp.train_split!r} of {hp.dataset}"
+            f"Training a {hp.bpe_vocab_size}-token BPE tokenizer on split {hp.train_split!r} of {hp.dataset} "
+            f"({2 * len(pairs):,} sentences, source and target)"
         )
-        rows = self.raw_pairs(hp.train_split).iter(batch_size=1000)
+        rows = pairs.iter(batch_size=1000)
         sentences = (batch[side] for batch in rows for side in ("source_text", "target_text"))
         tokenizer = train_bpe_tokenizer(sentences, hp.bpe_vocab_size, hp.bpe_min_frequency, hp.lowercase)
         if hp.tokenizer_dir is not None:

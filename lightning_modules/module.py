@@ -19,7 +19,7 @@ from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
 from hf_transformer.errors import CheckpointError, ConfigError, TrainingDiverged
-from hf_transformer.integrity import non_finite_tensors
+from hf_transformer.integrity import non_finite_tensors, token_ids_checked_by_caller
 from hf_transformer.loss import IGNORE_INDEX
 from hf_transformer.translate import beam_search
 
@@ -271,7 +271,10 @@ class TranslationModule(pl.LightningModule):
         return self.model(**inputs, rdrop_alpha=rdrop_alpha).loss
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        loss = self.training_loss(batch)
+        # The data module's collate checked the ids on the CPU; checked again here, they would make the step wait
+        # for the device (outside `training_loss`, which may be compiled).
+        with token_ids_checked_by_caller():
+            loss = self.training_loss(batch)
         self.non_finite_losses += ~torch.isfinite(loss.detach())
         self.log("train/loss", loss, prog_bar=True)
         return loss

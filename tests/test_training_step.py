@@ -5,6 +5,7 @@ import math
 import subprocess
 import sys
 import textwrap
+import traceback
 from types import SimpleNamespace
 
 import lightning.pytorch as pl
@@ -17,11 +18,13 @@ from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_transformer import loss
 from hf_transformer.errors import ConfigError
 from hf_transformer.loss import linear_cross_entropy, translation_loss
 from lightning_modules import TranslationDataModule, TranslationModule
+from lightning_modules.batching import TranslationCollator
 from lightning_modules.module import clips_norm_through_fsdp, fused_adam_allowed, inverse_sqrt_lr_lambda
 
 
@@ -377,3 +380,52 @@ def test_throughput_reads_nothing_from_the_device_between_the_steps_that_log(mon
     assert set(logged) == {
         f"throughput/{name}" for name in ("target_tokens_per_sec", "tokens_per_sec", "padding_efficiency", "mfu")
     }
+
+
+class HostReads(TorchDispatchMode):
+    """The operations that make the host wait for the device's values: scalar reads (`.item()`, `bool(tensor)`,
+    `.tolist()` all call `_local_scalar_dense`), each with the Python stack that asked, and `nonzero` and
+    boolean-mask indexing, whose output size the host must learn from the device."""
+
+    def __init__(self):
+        super().__init__()
+        self.scalar_reads: list[list[str]] = []
+        self.nonzeros = self.boolean_indexings = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.scalar_reads.append([f"{frame.filename}:{frame.lineno}" for frame in traceback.extract_stack()])
+        elif func.overloadpacket is torch.ops.aten.nonzero:
+            self.nonzeros += 1
+        elif func is torch.ops.aten.index.Tensor and any(i is not None and i.dtype == torch.bool for i in args[1]):
+            self.boolean_indexings += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_eager_training_step_reads_nothing_from_the_device_but_the_padding_removal():
+    """One `training_step` and its backward on a padded batch of the data module: the ids were checked by its
+    collate, and the loss ignores padding by its label, so nothing is read to the host but the two `nonzero`s that
+    pack the encoder's and the decoder's tokens (`PackedMask`). Excluded, by name: transformers' mask helpers, whose
+    test for a batch without padding reads the mask (once for the encoder's and once for the cross-attention's mask,
+    twice for the decoder's causal one). Without a trainer, Lightning's `self.log` in the step logs nothing."""
+    data = TranslationDataModule(synthetic_train_size=200, synthetic_eval_size=16, max_tokens=384)
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    assert (batch["attention_mask"] == 0).any() and (batch["labels"] == -100).any()  # the masks and packing work
+    module = tiny_module(len(data.tokenizer)).train()
+    with HostReads() as reads:
+        module.training_step(batch, 0).backward()
+    ours = [stack for stack in reads.scalar_reads if not any("transformers/masking_utils.py" in f for f in stack)]
+    assert ours == [], "\n\n".join("\n".join(f for f in stack if "/torch/" not in f) for stack in ours)
+    assert (reads.nonzeros, reads.boolean_indexings) == (2, 0)
+
+
+def test_the_collate_refuses_ids_outside_the_vocabulary():
+    """Where the training step's ids are checked, on the CPU, with the message a direct call of the model gives."""
+    collate = TranslationCollator(pad_token_id=0, max_source_positions=8, max_target_positions=8, vocab_size=10)
+    rows = [{"input_ids": [3, 4, 2], "labels": [5, 2]}, {"input_ids": [3, 2], "labels": [6, 7, 2]}]
+    assert collate(rows)["labels"].shape == (2, 3)
+    with pytest.raises(ValueError, match=r"Token ids \[12\] are outside the vocabulary \[0, 10\)"):
+        collate([{"input_ids": [3, 12, 2], "labels": [5, 2]}])
+    with pytest.raises(ValueError, match=r"Token ids \[-3\] are outside the vocabulary \[0, 10\)"):
+        collate([{"input_ids": [3, 2], "labels": [-3, 2]}])
