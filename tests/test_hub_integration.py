@@ -564,6 +564,15 @@ def test_the_card_is_valid_metadata_with_results_and_signatures(checkpoint_path:
     assert {key: generation[key] for key in RUN_DECODING} == RUN_DECODING
 
 
+def test_the_cards_label_smoothing_is_the_model_configs(checkpoint_path: Path, tmp_path: Path) -> None:
+    """Read from `TransformerConfig.label_smoothing`: every 0.3.0 card printed None (it read a module argument)."""
+    checkpoint = load_checkpoint(checkpoint_path)
+    checkpoint["hf_config"]["label_smoothing"] = 0.2
+    export(checkpoint, tmp_path)
+    rows = re.findall(r"^\| Label smoothing \| (.*?) \|$", (tmp_path / "README.md").read_text(), re.MULTILINE)
+    assert rows == ["0.2"]
+
+
 def test_the_card_of_a_hub_dataset_names_languages_dataset_and_base_model(
     checkpoint_path: Path, tmp_path: Path
 ) -> None:

@@ -296,7 +296,7 @@ def _training(run: _RunFacts, compute: str | None) -> list[tuple[str, Any]]:
         betas, eps, decay = tuple(hp.get("betas", ())), hp.get("eps"), hp.get("weight_decay")
         rows.append(("Optimizer", f"AdamW, betas {betas}, eps {eps}, weight decay {decay}"))
         rows.append(("Learning-rate schedule", _schedule(hp)))
-        rows.append(("Label smoothing", hp.get("label_smoothing")))
+    rows.append(("Label smoothing", run.config.label_smoothing))
     if data.get("extra_source_langs"):
         pairs = [f"{lang} -> {run.target_lang}" for lang in (run.source_lang, *data["extra_source_langs"])]
         rows.append(("Training pairs", f"{', '.join(pairs)} (`data.extra_source_langs`)"))
