@@ -117,6 +117,9 @@ def test_refuses_what_it_cannot_convert(tiny_config, tmp_path):
     larger_vocabulary = TransformerForConditionalGeneration(dataclasses.replace(tiny_config, vocab_size=80))
     with pytest.raises(ValueError, match="pass the tokenizer the model was trained with"):
         to_ctranslate2(larger_vocabulary, word_tokenizer(tiny_config.vocab_size), tmp_path / "mismatch")
+    tiny_config.position_scheme = "rotary"  # a field that Marian, which the export goes through, cannot express
+    with pytest.raises(ValueError, match=r"position_scheme='rotary'"):
+        to_ctranslate2(TransformerForConditionalGeneration(tiny_config), word_tokenizer(64), tmp_path / "rotary")
 
 
 def test_export_command_writes_a_ctranslate2_model_from_a_checkpoint_or_a_folder(run_dir, capsys):

@@ -113,3 +113,14 @@ def test_pre_ln_cannot_be_exported(tiny_config):
     model = TransformerForConditionalGeneration(dataclasses.replace(tiny_config, normalize_before=True))
     with pytest.raises(ValueError, match=r"pre-LN.*post-LN only.*trust_remote_code=True"):
         to_marian(model)
+
+
+def test_a_field_marian_has_no_counterpart_for_is_refused_naming_it_and_its_value(tiny_config):
+    """The check allows what Marian expresses: a field it does not know (a later position scheme, say) stops the
+    export, named with its value, rather than exporting a model that computes something else."""
+    tiny_config.position_scheme = "rotary"
+    with pytest.raises(ValueError, match=r"position_scheme='rotary', which MarianMTModel has no counterpart for"):
+        to_marian(TransformerForConditionalGeneration(tiny_config))
+    no_start = TransformerForConditionalGeneration(dataclasses.replace(tiny_config, decoder_start_token_id=None))
+    with pytest.raises(ValueError, match="MarianConfig needs a decoder_start_token_id"):
+        to_marian(no_start)

@@ -17,7 +17,7 @@ difference between the two models besides the order of floating-point operations
 import copy
 
 import torch
-from transformers import MarianConfig, MarianMTModel
+from transformers import MarianConfig, MarianMTModel, PretrainedConfig
 
 from ..configuration_transformer import TransformerConfig
 from ..modeling_transformer import TransformerForConditionalGeneration
@@ -37,6 +37,47 @@ _MARIAN_OWN_KEYS = frozenset(
     {"final_logits_bias", "model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"}
 )
 
+# What the check allows, every other field of a config is refused: a field added later (a position scheme, another
+# feed-forward network) stops the export until it is mapped here, rather than exporting a model that computes
+# something else. First, what `marian_config` copies into MarianConfig, which computes alike for every value; then
+# `normalize_before` and `decoder_start_token_id`, which Marian expresses only for some values (checked by name);
+# what changes only training (the loss, source-token dropout), not the exported model; and Hugging Face's fields of
+# every config (output flags, dtype, names) and of a saved folder's remote code (`auto_map`, `custom_pipelines`),
+# which MarianMTModel reads as ours does, or not at all.
+_COPIED_FIELDS = frozenset(
+    {
+        "vocab_size",
+        "d_model",
+        "encoder_layers",
+        "decoder_layers",
+        "encoder_attention_heads",
+        "decoder_attention_heads",
+        "encoder_ffn_dim",
+        "decoder_ffn_dim",
+        "activation_function",
+        "max_position_embeddings",
+        "scale_embedding",
+        "dropout",
+        "attention_dropout",
+        "activation_dropout",
+        "init_std",
+        "use_cache",
+        "pad_token_id",
+        "bos_token_id",
+        "eos_token_id",
+        "tie_word_embeddings",
+    }
+)
+_ALLOWED_FIELDS = _COPIED_FIELDS | {
+    "normalize_before",
+    "decoder_start_token_id",
+    "label_smoothing",
+    "source_token_dropout",
+    "auto_map",
+    "custom_pipelines",
+    *PretrainedConfig().to_dict(),
+}
+
 _ALTERNATIVE = (
     "Export it without --format marian and load it with trust_remote_code=True (or with this package installed) "
     "instead."
@@ -51,7 +92,9 @@ def marian_permutation(d_model: int) -> torch.Tensor:
 
 
 def check_marian_compatible(config: TransformerConfig) -> None:
-    """Raise ValueError, saying why and what to do instead, if MarianMTModel cannot compute what this config does."""
+    """Raise ValueError, saying why and what to do instead, if MarianMTModel cannot compute what this config does:
+    pre-LN, no decoder start token, or a field outside what Marian expresses (`_ALLOWED_FIELDS`), named with its
+    value."""
     if config.normalize_before:
         raise ValueError(
             "This model is pre-LN (normalize_before=True: x + Sublayer(LayerNorm(x)) and a final LayerNorm after each "
@@ -64,6 +107,12 @@ def check_marian_compatible(config: TransformerConfig) -> None:
             "model.config.decoder_start_token_id (and model.generation_config.decoder_start_token_id) to the token "
             "the decoder starts from, usually the bos id."
         )
+    for field, value in config.to_dict().items():
+        if field not in _ALLOWED_FIELDS:
+            raise ValueError(
+                f"This model's config sets {field}={value!r}, which MarianMTModel has no counterpart for: the export "
+                f"would compute another function. {_ALTERNATIVE}"
+            )
 
 
 def marian_config(config: TransformerConfig) -> MarianConfig:
