@@ -2,7 +2,6 @@
 checkpoints that resume only when asked, a W&B logger that falls back to offline runs, and progress written as plain
 lines."""
 
-import fcntl
 import importlib.util
 import netrc
 import os
@@ -13,13 +12,14 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 from urllib.parse import urlparse
 
 import lightning.pytorch as pl
 import torch
+from filelock import FileLock, Timeout
 from lightning.fabric.utilities.throughput import get_available_flops
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, Timer
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -120,8 +120,9 @@ class ResumableCheckpoint(ModelCheckpoint):
     """`ModelCheckpoint` whose `last.ckpt` is the one state that `--ckpt_path last` resumes, in a folder that belongs
     to one run.
 
-    - While `fit` runs, it holds a lock on its folder (`.lock`, an OS lock that ends with the process, kill -9
-      included): a second run started into the same folder stops at once instead of interleaving its checkpoints.
+    - While `fit` runs, it holds a lock on its folder (`.lock`, an OS lock through `filelock`, on Windows too, that
+      ends with the process, kill -9 included; `.lock-holder` says which process holds it): a second run started
+      into the same folder stops at once instead of interleaving its checkpoints.
     - Every checkpoint records the run it belongs to (`run_id`, kept across resumes), so that averaging refuses
       checkpoints of different runs.
     - A fresh run (no `ckpt_path`) into a folder that holds checkpoints stops with a message instead of mixing two
@@ -150,12 +151,13 @@ class ResumableCheckpoint(ModelCheckpoint):
     """
 
     LOCK_FILE = ".lock"
+    HOLDER_FILE = ".lock-holder"  # beside the lock: a locked file cannot be read on Windows
 
     def __init__(self, *args: Any, save_on_exception: bool = True, **kwargs: Any):
         super().__init__(*args, save_on_exception=save_on_exception, **kwargs)
         self._saved_step: int | None = None  # the step of last.ckpt on disk, once training has started
         self._saving_step: int | None = None  # the step of the checkpoint being written
-        self._lock: TextIO | None = None
+        self._lock: FileLock | None = None
         self._sigint_handler: Any = None  # the SIGINT handler to restore while Ctrl-C is held to the step's end
         self._stopped_by = signal.SIGTERM  # the signal behind Lightning's stop at the end of a step
         self._dropped: list[str] = []  # checkpoints out of a smaller save_top_k than the resumed run's
@@ -176,26 +178,24 @@ class ResumableCheckpoint(ModelCheckpoint):
 
     def _take_lock(self) -> str | None:
         """Lock the folder for this process; None, or the holder's description when another process holds it."""
-        path = Path(self.dirpath) / self.LOCK_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(path, "a+")  # noqa: SIM115 (held until teardown)
+        folder = Path(self.dirpath)
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(folder / self.LOCK_FILE, timeout=0)
+        holder = folder / self.HOLDER_FILE
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip() or "a process that wrote no description"
-            lock.close()
-            return holder
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"process {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        lock.flush()
+            lock.acquire()
+        except Timeout:
+            description = holder.read_text().strip() if holder.is_file() else ""
+            return description or "a process that wrote no description"
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        holder.write_text(f"process {os.getpid()} on {socket.gethostname()}, started {started}\n")
         self._lock = lock
         return None
 
     def _release_lock(self) -> None:
         if self._lock is not None:
-            self._lock.close()  # closing the file releases the OS lock
+            (Path(self.dirpath) / self.HOLDER_FILE).unlink(missing_ok=True)
+            self._lock.release()
             self._lock = None
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -421,9 +421,10 @@ class LineProgress(ProgressBar):
     """Progress as plain lines, which read the same in a terminal and in a log file: one when the check of validation
     before training starts (decoding takes a while with untrained weights), one after the first training step, then
     one every `every_n_steps` steps or `every_n_seconds` seconds, whichever comes first (loss, learning rate, target
-    tokens/s), one per validation (loss, BLEU, chrF), and at the end of `fit` a summary: steps, time, BLEU, distinct
-    sample translations, where the checkpoints and the tokenizer are, and the command that exports the model. A
-    resumed run that has nothing left to train says so."""
+    tokens/s, and the time left where trainer.max_steps or max_time bounds the run), one as each validation's
+    decoding starts and one when it ends (loss, BLEU, chrF), and at the end of `fit` a summary: steps, time, BLEU,
+    distinct sample translations, where the checkpoints and the tokenizer are, and the command that exports the model.
+    A resumed run that has nothing left to train says so."""
 
     def __init__(self, every_n_steps: int = 100, num_samples: int = 3, every_n_seconds: float = 60.0) -> None:
         super().__init__()
@@ -431,7 +432,7 @@ class LineProgress(ProgressBar):
         self.every_n_seconds = every_n_seconds
         self.num_samples = num_samples
         self._enabled = True
-        self._started = self._printed_at = time.monotonic()
+        self._started = self._printed_at = self._training_since = time.monotonic()
         self._printed_step: int | None = None
         self._start_step = 0
         self._resumed_step: int | None = None
@@ -456,6 +457,9 @@ class LineProgress(ProgressBar):
         verb = "Training" if self._resumed_step is None else "Resuming"
         self._print(trainer, f"{verb} from step {_step_of(trainer, self._start_step)} ({_count(pl_module)} parameters)")
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._training_since = time.monotonic()  # the pace of the steps leaves out the check of validation
+
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._print(
             trainer,
@@ -475,6 +479,9 @@ class LineProgress(ProgressBar):
         metrics = trainer.callback_metrics
         fields = [f"step {_step_of(trainer, step)}"]
         fields.append(_elapsed(time.monotonic() - self._started))
+        left = self._time_left(trainer, step)
+        if left is not None:
+            fields.append(f"{_elapsed(left)} left")
         if "train/loss" in metrics:
             fields.append(f"loss {float(metrics['train/loss']):.3f}")
         learning_rates = [group["lr"] for optimizer in trainer.optimizers for group in optimizer.param_groups]
@@ -483,6 +490,27 @@ class LineProgress(ProgressBar):
         if "throughput/target_tokens_per_sec" in metrics:
             fields.append(f"{float(metrics['throughput/target_tokens_per_sec']):,.0f} target tokens/s")
         self._print(trainer, " | ".join(fields))
+
+    def _time_left(self, trainer: pl.Trainer, step: int) -> float | None:
+        """Until trainer.max_steps at the pace so far (validations included) or max_time, whichever comes first;
+        None when neither bounds the run."""
+        bounds = [timer.time_remaining() for timer in trainer.callbacks if isinstance(timer, Timer)]
+        if trainer.max_steps > 0 and step > self._start_step:
+            pace = (time.monotonic() - self._training_since) / (step - self._start_step)
+            bounds.append(pace * (trainer.max_steps - step))
+        bounds = [max(bound, 0.0) for bound in bounds if bound is not None]
+        return min(bounds) if bounds else None
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return  # on_sanity_check_start said so
+        beams = pl_module.model.generation_config.num_beams or 1
+        search = f"beam search, {beams} beams" if beams > 1 else "greedy search"
+        batches = sum(trainer.num_val_batches)
+        self._print(
+            trainer,
+            f"validation at step {trainer.global_step}: translating {batches} batch{'es' * (batches != 1)} ({search})",
+        )
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:

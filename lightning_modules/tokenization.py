@@ -4,12 +4,13 @@ import functools
 import json
 import os
 import tempfile
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -46,7 +47,20 @@ def train_bpe_tokenizer(
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[PAD, BOS, EOS, UNK], show_progress=False
     )
-    tokenizer.train_from_iterator(texts, trainer)
+    sentences = 0
+
+    def counted(batches: Iterable[list[str]]) -> Iterable[list[str]]:
+        nonlocal sentences
+        for batch in batches:
+            sentences += len(batch)
+            yield batch
+
+    started = time.monotonic()
+    tokenizer.train_from_iterator(counted(texts), trainer)
+    rank_zero_info(
+        f"BPE tokenizer trained: {tokenizer.get_vocab_size()} tokens from {sentences:,} sentences in "
+        f"{time.monotonic() - started:.1f} s"
+    )
     eos_id = tokenizer.token_to_id(EOS)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"$A {EOS}", pair=f"$A {EOS} $B {EOS}", special_tokens=[(EOS, eos_id)]

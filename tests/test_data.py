@@ -4,6 +4,7 @@ import csv
 import gzip
 import json
 import logging
+import re
 import unicodedata
 import warnings
 from collections import Counter
@@ -635,6 +636,23 @@ def test_hub_layout_with_translation_column(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------- filtering and errors
+def test_tokenizer_training_says_that_it_runs_on_how_many_sentences_and_when_it_is_done(tmp_path, caplog):
+    """BPE training on a large corpus takes minutes: it printed nothing."""
+    write_jsonl(tmp_path / "train.jsonl", [{"en": s, "de": t} for s, t in PAIRS * 5])
+    write_jsonl(tmp_path / "validation.jsonl", [{"en": s, "de": t} for s, t in PAIRS])
+    write_jsonl(tmp_path / "test.jsonl", [{"en": s, "de": t} for s, t in PAIRS])
+    rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    rank_zero_logger.addHandler(caplog.handler)  # Lightning's loggers do not propagate to the root
+    try:
+        local_module(tmp_path)
+    finally:
+        rank_zero_logger.removeHandler(caplog.handler)
+    sentences = 2 * 5 * len(PAIRS)
+    start = f"Training a 100-token BPE tokenizer on split 'train' of {tmp_path} ({sentences} sentences, "
+    assert start in caplog.text
+    assert re.search(rf"BPE tokenizer trained: \d+ tokens from {sentences} sentences in \d+\.\d s", caplog.text)
+
+
 def test_filtered_pairs_are_counted_and_logged(tmp_path, caplog):
     long = " ".join(["word"] * 40)
     write_jsonl(tmp_path / "train.jsonl", [{"en": s, "de": t} for s, t in PAIRS * 5 + [("", "leer"), (long, "lang")]])

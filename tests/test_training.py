@@ -2,7 +2,6 @@
 
 import contextlib
 import csv
-import fcntl
 import importlib.metadata
 import json
 import math
@@ -20,9 +19,12 @@ import sacrebleu
 import torch
 import yaml
 from conftest import DEMO
+from filelock import FileLock
+from lightning.pytorch.callbacks import ProgressBar, Timer, TQDMProgressBar
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_transformer import TransformerForConditionalGeneration
+from lightning_modules.callbacks import LineProgress
 from lightning_modules.checkpoint import (
     AtomicCheckpointIO,
     average_checkpoints,
@@ -33,6 +35,7 @@ from lightning_modules.checkpoint import (
     save_atomically,
 )
 from lightning_modules.cli import main, run
+from lightning_modules.cli.training import TranslationCLI
 from lightning_modules.module import noam_lr_lambda
 
 CONFIGS = sorted(DEMO.parent.glob("*.yaml"))  # the experiments; configs/trainer/ holds trainer settings to compose
@@ -675,7 +678,9 @@ def test_progress_prints_the_first_step_then_every_n_steps_once_per_step(capsys,
     from lightning_modules import callbacks
 
     def printed_steps(progress: callbacks.LineProgress, steps: list[int]) -> list[str]:
-        trainer = SimpleNamespace(global_step=0, max_steps=9, callback_metrics={}, optimizers=[], is_global_zero=True)
+        trainer = SimpleNamespace(
+            global_step=0, max_steps=9, callback_metrics={}, optimizers=[], is_global_zero=True, callbacks=[]
+        )
         for step in steps:
             trainer.global_step = step
             progress.on_train_batch_end(trainer, None, None, None, 0)
@@ -693,6 +698,63 @@ def test_progress_prints_the_first_step_then_every_n_steps_once_per_step(capsys,
         "step 1/9",
         "step 4/9",
     ]
+
+
+def test_step_lines_show_the_time_left_until_max_steps_or_max_time(capsys, monkeypatch):
+    """At the pace so far (10 s a step here) until trainer.max_steps, or the time max_time leaves, the sooner."""
+    from lightning_modules import callbacks
+
+    now = [0.0]
+    monkeypatch.setattr(callbacks.time, "monotonic", lambda: now[0])
+    progress = LineProgress(every_n_steps=1)
+    timer = Timer(duration="00:00:00:30")
+    monkeypatch.setattr(timer, "time_remaining", lambda: 30.0)
+    trainer = SimpleNamespace(global_step=0, max_steps=9, callback_metrics={}, optimizers=[], is_global_zero=True)
+    for callbacks_, max_steps in (([], 9), ([], -1), ([timer], 9), ([timer], -1)):
+        trainer.callbacks, trainer.max_steps = callbacks_, max_steps
+        progress.on_train_start(trainer, None)
+        now[0] += 10  # one step
+        trainer.global_step = progress._start_step + 1
+        progress.on_train_batch_end(trainer, None, None, None, 0)
+        progress._printed_step = None
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" | ")[2] if " left" in line else None for line in lines] == [
+        "1:20 left",  # 8 steps at 10 s
+        None,  # neither max_steps nor max_time
+        "0:30 left",
+        "0:30 left",
+    ]
+
+
+def test_validation_says_that_its_decoding_runs_on_rank_0(capsys):
+    progress = LineProgress()
+    module = SimpleNamespace(model=SimpleNamespace(generation_config=SimpleNamespace(num_beams=4)))
+    for rank_zero in (True, False):
+        trainer = SimpleNamespace(sanity_checking=False, num_val_batches=[2], global_step=3, is_global_zero=rank_zero)
+        progress.on_validation_start(trainer, module)
+    assert capsys.readouterr().out == "validation at step 3: translating 2 batches (beam search, 4 beams)\n"
+
+
+def test_progress_bars_as_lightning_takes_them(run_dir):
+    """`--trainer.enable_progress_bar false` means no progress lines, and another progress bar replaces them
+    (Lightning raised on both: the default LineProgress is a progress bar)."""
+
+    def progress_bars(*options: str) -> list[type]:
+        cli = TranslationCLI(args=["--config", str(DEMO), "--config", "tiny.yaml", *options], run=False)
+        return [type(callback) for callback in cli.trainer.callbacks if isinstance(callback, ProgressBar)]
+
+    assert progress_bars() == [LineProgress]
+    assert progress_bars("--trainer.enable_progress_bar=false") == []
+    assert progress_bars("--trainer.callbacks+=TQDMProgressBar") == [TQDMProgressBar]
+
+
+def test_fit_offers_no_optimizer_or_scheduler_that_would_replace_the_recipes(capsys):
+    """LightningCLI's --optimizer / --lr_scheduler silently replaced the module's AdamW and warm-up schedule."""
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    usage = capsys.readouterr().out
+    assert "--model.warmup_steps" in usage
+    assert "--optimizer" not in usage and "--lr_scheduler" not in usage
 
 
 def error_line(capsys, *argv: str) -> str:
@@ -772,19 +834,18 @@ def test_a_moved_run_folder_resumes_as_the_same_run(run_dir, tmp_path_factory, m
 
 def test_a_run_owns_its_folder_while_it_trains(run_dir, capsys):
     """Two runs started at once into one folder interleaved their checkpoints; the second now stops, naming the
-    first. The lock is the OS's (flock), so it ends with its process, kill -9 included."""
+    first. The lock is the OS's (through filelock, on Windows too), so it ends with its process, kill -9 included."""
     folder = run_dir / "runs/demo/checkpoints"
     folder.mkdir(parents=True)
-    with open(folder / ".lock", "a+") as lock:  # another process training into the folder
-        lock.write("process 4242 on trainer-7, started 2026-01-01 10:00:00\n")
-        lock.flush()
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    (folder / ".lock-holder").write_text("process 4242 on trainer-7, started 2026-01-01 10:00:00\n")
+    with FileLock(folder / ".lock"):  # another process training into the folder
         message = error_line(capsys, "fit", "--config", str(DEMO), "--config", "tiny.yaml", "--trainer.max_steps=3")
     assert "runs/demo/checkpoints belongs to a run that is still training (process 4242 on trainer-7" in message
     assert not list(folder.glob("*.ckpt"))
     fit("--trainer.max_steps=3")  # once that process has ended
     fit("--trainer.max_steps=6", "--ckpt_path=last")  # and the lock of a run ends with it
     assert checkpoint_steps(run_dir)["last.ckpt"] == 6
+    assert not (folder / ".lock-holder").exists()
 
 
 def test_averaging_refuses_checkpoints_of_different_runs(run_dir, capsys):

@@ -2,6 +2,7 @@
 
 import dataclasses
 import difflib
+import importlib
 import json
 import logging
 import re
@@ -11,6 +12,7 @@ from typing import Any, NoReturn
 
 import datasets
 from jsonargparse import Namespace
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from hf_transformer import TransformerConfig
@@ -18,7 +20,7 @@ from hf_transformer.errors import ConfigError, UserError
 from hf_transformer.export.folder import saved_config
 from hf_transformer.scoring import format_scores, translation_scores
 
-from ..callbacks import ResumableCheckpoint
+from ..callbacks import LineProgress, ResumableCheckpoint
 from ..checkpoint import read_checkpoint
 from ..data import TranslationDataModule
 from ..module import TranslationModule, check_module_arguments, check_resumable
@@ -86,6 +88,23 @@ def place_in_run_folder(config: Namespace) -> None:
         config.data.tokenizer_dir = str(root / "tokenizer")
 
 
+def progress_as_asked(trainer: Namespace) -> None:
+    """Drop the default `LineProgress` where `trainer.enable_progress_bar` is false or the callbacks name another
+    progress bar (e.g. `--trainer.callbacks+=TQDMProgressBar`): Lightning takes one progress bar, and none then."""
+    if not isinstance(trainer.callbacks, list):
+        return
+    classes = [_class_of(callback.class_path) for callback in trainer.callbacks]
+    others = [cls for cls in classes if issubclass(cls, ProgressBar) and not issubclass(cls, LineProgress)]
+    if trainer.enable_progress_bar is False or others:
+        kept = zip(trainer.callbacks, classes, strict=True)
+        trainer.callbacks = [callback for callback, cls in kept if not issubclass(cls, LineProgress)]
+
+
+def _class_of(class_path: str) -> type:
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
 # What every run starts from (checkpoints, logging, progress); a config file states only what differs.
 DEFAULTS = str(Path(__file__).with_name("defaults.yaml"))
 
@@ -108,6 +127,9 @@ class TranslationCLI(LightningCLI):
             parser_kwargs={"prog": "hf-transformer", **_defaults_for(run=kwargs.get("run", True))},
             trainer_defaults={"use_distributed_sampler": False},  # the data module shards its token-budget batches
             save_config_kwargs={"overwrite": True},
+            # No --optimizer / --lr_scheduler: they would silently replace the module's AdamW and warm-up schedule
+            # (configure_optimizers; set through model.peak_lr, model.warmup_steps, model.betas...).
+            auto_configure_optimizers=False,
             **kwargs,
         )
 
@@ -144,6 +166,7 @@ class TranslationCLI(LightningCLI):
                 "fewer with a larger checkpoint.every_n_train_steps or a smaller checkpoint.save_top_k"
             )
         check_devices(config.trainer, config.config or [])
+        progress_as_asked(config.trainer)
         if self.subcommand:
             check_model_source(self.subcommand, config.ckpt_path, config.model.init_from)
         place_in_run_folder(config)
