@@ -142,7 +142,9 @@ class TransformerModelTest(ModelTesterMixin, GenerationTesterMixin, unittest.Tes
         self.config_tester.run_common_tests()
 
     def test_decoder_model_past_with_large_inputs(self):
-        self.model_tester.create_and_check_decoder_model_past_large_inputs(*self.model_tester.prepare_config_and_inputs())
+        self.model_tester.create_and_check_decoder_model_past_large_inputs(
+            *self.model_tester.prepare_config_and_inputs()
+        )
 
     @unittest.skip(
         "asks that the loss given labels be the plain cross-entropy of the returned logits, differentiable through "
