@@ -19,7 +19,7 @@ import copy
 import torch
 from transformers import MarianConfig, MarianMTModel, PretrainedConfig
 
-from ..configuration_transformer import TransformerConfig
+from ..configuration_transformer import SHAPE_FIELDS, TransformerConfig
 from ..modeling_transformer import TransformerForConditionalGeneration
 
 __all__ = ["check_marian_compatible", "marian_config", "marian_permutation", "to_marian"]
@@ -39,38 +39,30 @@ _MARIAN_OWN_KEYS = frozenset(
 
 # What the check allows, every other field of a config is refused: a field added later (a position scheme, another
 # feed-forward network) stops the export until it is mapped here, rather than exporting a model that computes
-# something else. First, what `marian_config` copies into MarianConfig, which computes alike for every value; then
-# `normalize_before` and `decoder_start_token_id`, which Marian expresses only for some values (checked by name);
-# what changes only training (the loss, source-token dropout), not the exported model; and Hugging Face's fields of
-# every config (output flags, dtype, names) and of a saved folder's remote code (`auto_map`, `custom_pipelines`),
-# which MarianMTModel reads as ours does, or not at all.
-_COPIED_FIELDS = frozenset(
-    {
-        "vocab_size",
-        "d_model",
-        "encoder_layers",
-        "decoder_layers",
-        "encoder_attention_heads",
-        "decoder_attention_heads",
-        "encoder_ffn_dim",
-        "decoder_ffn_dim",
-        "activation_function",
-        "max_position_embeddings",
-        "scale_embedding",
-        "dropout",
-        "attention_dropout",
-        "activation_dropout",
-        "init_std",
-        "use_cache",
-        "pad_token_id",
-        "bos_token_id",
-        "eos_token_id",
-        "tie_word_embeddings",
-    }
-)
-_ALLOWED_FIELDS = _COPIED_FIELDS | {
-    "normalize_before",
+# something else. First, what `marian_config` copies into MarianConfig (and `init_std`, filled in when unset), which
+# computes alike for every value but `decoder_start_token_id` (checked by name, as `normalize_before`: Marian is
+# post-LN); what changes only training (the loss, source-token dropout), not the exported model; and Hugging Face's
+# fields of every config (output flags, dtype, names) and of a saved folder's remote code (`auto_map`,
+# `custom_pipelines`), which MarianMTModel reads as ours does, or not at all.
+_COPIED_FIELDS = (
+    *SHAPE_FIELDS,
+    "activation_function",
+    "max_position_embeddings",
+    "scale_embedding",
+    "dropout",
+    "attention_dropout",
+    "activation_dropout",
+    "use_cache",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
     "decoder_start_token_id",
+    "tie_word_embeddings",
+)
+_ALLOWED_FIELDS = {
+    *_COPIED_FIELDS,
+    "init_std",
+    "normalize_before",
     "label_smoothing",
     "source_token_dropout",
     "auto_map",
@@ -127,32 +119,13 @@ def marian_config(config: TransformerConfig) -> MarianConfig:
     check_marian_compatible(config)
     tied = config.tie_word_embeddings
     return MarianConfig(
-        vocab_size=config.vocab_size,
+        **{field: getattr(config, field) for field in _COPIED_FIELDS},
         decoder_vocab_size=config.vocab_size,
-        d_model=config.d_model,
-        encoder_layers=config.encoder_layers,
-        decoder_layers=config.decoder_layers,
-        encoder_attention_heads=config.encoder_attention_heads,
-        decoder_attention_heads=config.decoder_attention_heads,
-        encoder_ffn_dim=config.encoder_ffn_dim,
-        decoder_ffn_dim=config.decoder_ffn_dim,
-        activation_function=config.activation_function,
-        max_position_embeddings=config.max_position_embeddings,
-        scale_embedding=config.scale_embedding,
-        dropout=config.dropout,
-        attention_dropout=config.attention_dropout,
-        activation_dropout=config.activation_dropout,
+        init_std=float(config.init_std or config.d_model**-0.5),
         encoder_layerdrop=0.0,
         decoder_layerdrop=0.0,
-        init_std=float(config.init_std or config.d_model**-0.5),
-        use_cache=config.use_cache,
-        pad_token_id=config.pad_token_id,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        decoder_start_token_id=config.decoder_start_token_id,
         forced_eos_token_id=None,
         share_encoder_decoder_embeddings=tied,
-        tie_word_embeddings=tied,
     )
 
 
