@@ -13,7 +13,7 @@ import numpy as np
 from multi30k import multi30k_dir
 
 from lightning_modules import TranslationDataModule
-from lightning_modules.batching import padding_efficiency
+from lightning_modules.data.batching import padding_efficiency
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

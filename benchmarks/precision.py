@@ -1,12 +1,10 @@
 """A config's training step on this machine (its CUDA GPU, else its CPU) in each precision and attention backend.
 
-    MULTI30K_DIR=../shared/data/multi30k python benchmarks/precision.py --config configs/multi30k.yaml
+    python benchmarks/precision.py --config configs/multi30k.yaml [--data.dataset $MULTI30K_DIR]
     python benchmarks/precision.py --config configs/demo.yaml --rounds 2 --steps 2      # a quick look
 
-Which settings train fastest depends on the processor, not only on its instructions: of two 2-core CPUs with
-AVX512-BF16, an AMD EPYC ran configs/multi30k.yaml's step 1.21x faster in bf16 with the eager attention than in fp32
-with sdpa, an Intel Xeon without AMX 0.70-0.78x; torch's CPU scaled-dot-product attention was the slower one in bf16 on
-both (README, "Precision and attention on this CPU"). This times the config's own model on its
+Which settings train fastest depends on the processor, not only on its instructions (the results page shows two CPUs
+with the same instructions that disagree). This times the config's own model on its
 own first training batches (forward, loss, backward, gradient clipping and the AdamW step, as training runs them)
 for every combination of `trainer.precision` (32-true, bf16-mixed) and `model.config.attn_implementation` (sdpa,
 eager), each from the same initial weights, the settings taking turns in every round. It reports the median target
@@ -50,9 +48,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="rounds in which every setting takes its turn")
     parser.add_argument("--steps", type=int, default=10, help="training steps timed per setting and round")
     parser.add_argument("--out", default=str(RESULTS / "precision.json"))
-    args = parser.parse_args()
+    args, overrides = parser.parse_known_args()  # the rest go to the training CLI, e.g. --data.dataset PATH
     configs = [word for path in args.config for word in ("--config", path)]
-    cli = TranslationCLI(args=[*configs, "--trainer.logger", "false"], run=False)
+    cli = TranslationCLI(args=[*configs, *overrides, "--trainer.logger", "false"], run=False)
     data = cli.datamodule
     data.setup("fit")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -1,8 +1,8 @@
 """Translation quality of a Multi30k run: every score papers report, on test_2016_flickr, for the last checkpoint and
 the average of the last N, with the decoding settings (beam size, length penalty) chosen on `val`, never on test.
 
-    hf-transformer fit --config configs/multi30k.yaml              # about an hour on a 2-core CPU
-    MULTI30K_DIR=../shared/data/multi30k python benchmarks/quality.py --run-dir runs/multi30k
+    hf-transformer fit --config configs/multi30k.yaml
+    MULTI30K_DIR=path/to/multi30k python benchmarks/quality.py --run-dir runs/multi30k
 
 Scores (`hf_transformer.scoring`, each printed with how it was computed): sacreBLEU (cased, detokenized, 13a, the
 number to compare across papers that report sacreBLEU), lowercased sacreBLEU, chrF, the tokenized lowercased BLEU
@@ -17,6 +17,9 @@ import json
 import time
 from pathlib import Path
 
+import torch
+import yaml
+from machine import device_name
 from multi30k import read_split
 
 from hf_transformer import translate
@@ -68,11 +71,32 @@ def tune_decoding(
 
 
 def training_minutes(checkpoint: dict) -> float | None:
-    """Lightning's Timer (active with `max_time`) saves the elapsed training time in the checkpoint."""
-    for name, state in checkpoint.get("callbacks", {}).items():
+    """The time spent training, validation left out: the throughput callback's total, or Lightning's Timer's
+    (active with `max_time`) in checkpoints written before the callback kept one."""
+    callbacks = checkpoint.get("callbacks", {})
+    if "trained_seconds" in callbacks.get("TranslationThroughput", {}):
+        return callbacks["TranslationThroughput"]["trained_seconds"] / 60
+    for name, state in callbacks.items():
         if name.startswith("Timer"):
             return state["time_elapsed"]["train"] / 60
     return None
+
+
+def run_settings(run: Path) -> dict:
+    """The resolved settings of the run's first start (`config.yaml`, which LightningCLI writes into its log)."""
+    configs = sorted(run.glob("logs/version_*/config.yaml"), key=lambda path: int(path.parent.name[8:]))
+    return yaml.safe_load(configs[0].read_text()) if configs else {}
+
+
+def recipe(run: Path, version: str) -> str:
+    """The settings of the run that tell recipes apart, and the version that trained it."""
+    settings = run_settings(run)
+    model, trainer, data = (settings.get(key) or {} for key in ("model", "trainer", "data"))
+    return (
+        f"hf-transformer {version}: dropout {(model.get('config') or {}).get('dropout')}, warm-up "
+        f"{model.get('warmup_steps')}, peak lr {model.get('peak_lr')}, {data.get('max_tokens')}-token batches, "
+        f"max_steps {trainer.get('max_steps')}, seed {settings.get('seed_everything')}"
+    )
 
 
 def read_metrics(metrics_csvs: list[Path]) -> list[dict[str, str]]:
@@ -124,8 +148,10 @@ def main() -> None:
         "--select-on",
         default=SACREBLEU,
         choices=[SACREBLEU, SACREBLEU_LOWERCASED],
-        help="the val score that chooses the decoding and gives the val -> test gap: lowercased for a run trained "
-        "with data.lowercase",
+        help="the val score that chooses the decoding and gives the val -> test gap",
+    )
+    parser.add_argument(
+        "--recipe", help="what the run trained, for the results pages (default: its settings and the version)"
     )
     parser.add_argument("--out", default=str(RESULTS / "multi30k.json"))
     args = parser.parse_args()
@@ -136,9 +162,14 @@ def main() -> None:
     beams = [int(beam) for beam in args.beams.split(",")]
     penalties = [float(penalty) for penalty in args.length_penalties.split(",")]
 
+    version = last.get("hf_transformer_version", "an unknown version")
+    throughput = last.get("callbacks", {}).get("TranslationThroughput", {})
     report = {
+        "recipe": args.recipe or recipe(run, version),
         "steps": last["global_step"],
+        "target_tokens": throughput.get("trained_target_tokens"),
         "training_minutes": training_minutes(last),
+        "device": device_name("cpu") if not torch.cuda.is_available() else device_name("cuda"),
         "averaged_checkpoints": [path.name for path in averaged_paths],
     }
     for key, checkpoint in checkpoints.items():

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from hf_transformer import translate
-from hf_transformer.engine import TranslationEngine
+from hf_transformer.decoding.engine import TranslationEngine
 from lightning_modules.cli.models import load_engine
 
 RESULTS = Path(__file__).resolve().parent / "results" / "serve.json"

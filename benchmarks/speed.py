@@ -30,6 +30,7 @@ from multi30k import read_split  # noqa: E402
 from peers import PEERS, SIZES, build_marian, build_ours, random_batch  # noqa: E402
 
 from hf_transformer import translate  # noqa: E402
+from lightning_modules.callbacks.throughput import training_flops  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -68,7 +69,7 @@ def train_throughput(
         )
         loss = torch.compile(PEERS[name].loss, dynamic=True) if compile_loss else PEERS[name].loss
         runs[f"{name} compiled" if compile_loss else name] = (loss, model, optimizer)
-    flops = int(runs["ours"][1].training_flops(batch["attention_mask"].sum(-1), target_lengths))
+    flops = int(training_flops(runs["ours"][1].config, batch["attention_mask"].sum(-1), target_lengths))
     peak_flops = get_available_flops(device, torch.bfloat16 if bf16 else torch.float32)
     rates = {label: [] for label in runs}
     for round_index in range(args.repeats + 1):  # round 0 warms up (allocator, kernels, compilation): not counted
@@ -183,7 +184,7 @@ def generation_speed(args: argparse.Namespace) -> dict:
     our `translate()` (length-sorted token-budget batches, finished sentences leaving the batch) against a naive loop
     of `generate()` over unsorted fixed-size batches, with natural lengths, on a trained model if one is given
     (`--trained`)."""
-    from lightning_modules.tokenization import train_bpe_tokenizer
+    from lightning_modules.data.tokenization import train_bpe_tokenizer
 
     device = torch.device(args.device)
     sentences = [line.strip() for line in read_split("test_2016_flickr", "en")][: args.limit]

@@ -1,5 +1,12 @@
 """The encoder-decoder Transformer of "Attention Is All You Need" as a Hugging Face model.
 
+- `hf_transformer.model`: the model itself, exactly the files a saved folder carries as remote code.
+- `hf_transformer.decoding`: translating many sentences (`translate`, with n-best lists), attention maps, and one engine
+  over our model and a CTranslate2 export.
+- `hf_transformer.export`: the model in other formats (Marian, CTranslate2, ONNX), one registry of them.
+- `hf_transformer.hub`: sharing a folder on the Hugging Face Hub, with its model card.
+- `hf_transformer.serving`: a web page and JSON API; `hf_transformer.scoring`: the scores papers report.
+
 Importing this package registers the model with the Auto classes (`AutoConfig`, `AutoModel`,
 `AutoModelForSeq2SeqLM`) and the "translation" pipeline, and marks its files to be saved along with every
 checkpoint (`auto_map`), so that a saved folder also loads with `trust_remote_code=True` where this package is not
@@ -9,14 +16,15 @@ installed.
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.pipelines import PIPELINE_REGISTRY
 
-from .configuration_transformer import PRESETS, TransformerConfig
-from .modeling_transformer import (
+from .decoding import translate
+from .model import (
+    PRESETS,
+    TransformerConfig,
     TransformerForConditionalGeneration,
     TransformerModel,
     TransformerPreTrainedModel,
+    TranslationPipeline,
 )
-from .pipeline_translation import TranslationPipeline
-from .translate import translate
 
 AutoConfig.register(TransformerConfig.model_type, TransformerConfig)
 AutoModel.register(TransformerConfig, TransformerModel)

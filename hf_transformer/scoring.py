@@ -19,9 +19,10 @@ from sacremoses import MosesTokenizer
 
 # tensor2tensor's get_ende_bleu.sh: `perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'`, after Moses tokenization.
 _COMPOUND = re.compile(r"(\S)-(\S)")
-# The names of the two sacreBLEU scores, which callers choose a model on.
+# The names of the sacreBLEU scores: the two BLEU scores callers choose a model on, and chrF.
 SACREBLEU = "sacreBLEU"
 SACREBLEU_LOWERCASED = "sacreBLEU, lowercased"
+CHRF_SCORE = "chrF"
 
 
 @dataclass(frozen=True)
@@ -31,21 +32,27 @@ class Score:
     how: str  # the signature or the procedure: what a published number must share to be compared with this one
 
 
-def translation_scores(hypotheses: list[str], references: list[str], target_lang: str) -> list[Score]:
-    """The scores of `hypotheses` against one reference each, in the target language `target_lang` (an ISO code such
-    as "de"; it picks the Moses tokenizer's rules)."""
+def sacrebleu_scores(hypotheses: list[str], references: list[str]) -> list[Score]:
+    """sacreBLEU's BLEU (cased, lowercased) and chrF of `hypotheses` against one reference each: the scores that need
+    no knowledge of the language."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references: give one per reference.")
     cased, lowercased, chrf = BLEU(), BLEU(lowercase=True), CHRF()
-    scores = [
+    return [
         Score(SACREBLEU, cased.corpus_score(hypotheses, [references]).score, str(cased.get_signature())),
         Score(
             SACREBLEU_LOWERCASED,
             lowercased.corpus_score(hypotheses, [references]).score,
             str(lowercased.get_signature()),
         ),
-        Score("chrF", chrf.corpus_score(hypotheses, [references]).score, str(chrf.get_signature())),
+        Score(CHRF_SCORE, chrf.corpus_score(hypotheses, [references]).score, str(chrf.get_signature())),
     ]
+
+
+def translation_scores(hypotheses: list[str], references: list[str], target_lang: str) -> list[Score]:
+    """Every score of `hypotheses` against one reference each (`sacrebleu_scores` and the tokenized BLEU of papers),
+    in the target language `target_lang` (an ISO code such as "de"; it picks the Moses tokenizer's rules)."""
+    scores = sacrebleu_scores(hypotheses, references)
     tokenizer = MosesTokenizer(lang=target_lang)
 
     def tokenized(texts: list[str], split_compounds: bool = False) -> list[str]:

@@ -1,5 +1,5 @@
 """Packing items of different lengths into batches under a token budget: the one packer behind training batches
-(`lightning_modules.batching`) and `translate()`."""
+(`lightning_modules.data.batching`) and `translate()`."""
 
 from collections.abc import Iterable, Sequence
 

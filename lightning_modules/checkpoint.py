@@ -1,6 +1,5 @@
-"""From Lightning checkpoints to Hugging Face folders: writing checkpoints that a crash cannot tear, reading the model
-and tokenizer that travel inside a checkpoint, averaging the last checkpoints (section 6.1 averages the last 5), and
-exporting."""
+"""Training checkpoints: written so that a crash cannot tear them, read back with the model and the tokenizer that
+travel inside, checked against the run that resumes them, and averaged (section 6.1 averages the last 5)."""
 
 import errno
 import os
@@ -21,12 +20,9 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline
-from hf_transformer.configuration_transformer import SHAPE_FIELDS
+from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
 from hf_transformer.errors import CheckpointError, CheckpointNotFound, DiskFull
-from hf_transformer.export.folder import make_shareable
-from hf_transformer.export.marian import to_marian
-from hf_transformer.export.model_card import write_model_card
+from hf_transformer.model.configuration_transformer import SHAPE_FIELDS
 
 MODEL_PREFIX = "model."
 # The checkpoint key of the run a checkpoint belongs to (written by `ResumableCheckpoint`, kept across resumes).
@@ -271,26 +267,3 @@ def averaging_span_warning(steps: list[int]) -> str | None:
         "checkpoints, written close together near the end of training. Write checkpoints more often "
         "(every_n_train_steps of the checkpoint callback) or average fewer (--average N)."
     )
-
-
-def export(checkpoint: dict[str, Any], folder: str | Path, **card_info: Any) -> Path:
-    """Write the Hugging Face folder: model weights and config with its code (`auto_map`), the translation pipeline,
-    the tokenizer, the generation config and the model card (`card_info`: the keyword arguments of
-    `write_model_card`, such as `repo_id` and `results`)."""
-    folder = Path(folder)
-    model = model_from_checkpoint(checkpoint)
-    TranslationPipeline(model=model, tokenizer=tokenizer_from_checkpoint(checkpoint)).save_pretrained(folder)
-    write_model_card(folder, checkpoint, **card_info)
-    make_shareable(folder)
-    return folder
-
-
-def export_marian(checkpoint: dict[str, Any], folder: str | Path, **card_info: Any) -> Path:
-    """Write a folder that stock transformers loads as `MarianMTModel` (no remote code), with the tokenizer and the
-    model card (`card_info`: the keyword arguments of `write_model_card`)."""
-    folder = Path(folder)
-    to_marian(model_from_checkpoint(checkpoint)).save_pretrained(folder)
-    tokenizer_from_checkpoint(checkpoint).save_pretrained(folder)
-    write_model_card(folder, checkpoint, format="marian", **card_info)
-    make_shareable(folder)
-    return folder

@@ -5,7 +5,6 @@ import dataclasses
 import difflib
 import importlib.metadata
 import inspect
-import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -13,20 +12,25 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.strategies import FSDPStrategy, Strategy
-from torch import nn
 from torchmetrics.text import CHRFScore, SacreBLEUScore
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
+from hf_transformer.decoding.translate import beam_search
 from hf_transformer.errors import CheckpointError, ConfigError, TrainingDiverged
-from hf_transformer.integrity import non_finite_tensors, token_ids_checked_by_caller
-from hf_transformer.loss import IGNORE_INDEX
-from hf_transformer.translate import beam_search
+from hf_transformer.export.folder import saved_config
+from hf_transformer.model.integrity import non_finite_tensors, token_ids_checked_by_caller
+from hf_transformer.model.loss import IGNORE_INDEX
+from hf_transformer.scoring import CHRF_SCORE, SACREBLEU, sacrebleu_scores
 
-from .callbacks import ExactResume, telling_samples
+from .callbacks.progress import telling_samples
+from .callbacks.resume import ExactResume
 from .checkpoint import check_same_model, tokenizer_from_checkpoint, tokenizer_state
-from .tokenization import model_vocabulary
+from .data.tokenization import model_vocabulary
+from .schedules import inverse_sqrt_lr_lambda, noam_lr_lambda
 
+# The logged name of each score of `hf_transformer.scoring` that a test logs.
+TEST_METRICS = {SACREBLEU: "test/bleu", CHRF_SCORE: "test/chrf"}
 # Validation rows kept for the logger's sample table and the end-of-run summary.
 NUM_LOGGED_SAMPLES = 8
 # Training batches between reads of the count of non-finite losses, which is kept on the device so that no step waits
@@ -34,48 +38,10 @@ NUM_LOGGED_SAMPLES = 8
 NON_FINITE_CHECK_INTERVAL = 100
 
 
-def inverse_sqrt_lr_lambda(peak_lr: float, warmup_steps: int) -> Callable[[int], float]:
-    """lr = peak_lr * min(step / warmup, sqrt(warmup / step)) for update step = 1, 2, ...: a linear warm-up to
-    `peak_lr` at step `warmup_steps`, then decay with the inverse square root of the step (fairseq's inverse_sqrt). A
-    LambdaLR multiplier of a base lr of 1; LambdaLR evaluates step 0 at construction, so the formula gets step + 1.
-
-    Not transformers' `get_inverse_sqrt_schedule`: it is this curve one update late (it evaluates the number of updates
-    already taken, so the first update gets lr 0 and the peak comes at update warmup + 1), and it has no offset to
-    set; its base lr is the peak, so checkpoints saved with a base lr of 1 would resume at the wrong rate.
-    """
-
-    def lr_lambda(step: int) -> float:
-        step += 1
-        return peak_lr * min(step / warmup_steps, math.sqrt(warmup_steps / step))
-
-    return lr_lambda
-
-
-def with_cooldown(lr_lambda: Callable[[int], float], cooldown_steps: int, max_steps: int) -> Callable[[int], float]:
-    """`lr_lambda` until `cooldown_steps` before `max_steps`, then a linear decay from its value there to 0 at
-    `max_steps` (the cool-down of warm-up-stable-decay schedules, Hägele et al. 2024, "Scaling Laws and Compute-Optimal
-    Training Beyond Fixed Training Durations"): a run of known length ends at a low learning rate, where the inverse
-    square root alone would still be high."""
-    start = max_steps - cooldown_steps
-
-    def cooled(step: int) -> float:
-        if step < start:
-            return lr_lambda(step)
-        return lr_lambda(start) * max(0.0, (max_steps - step) / cooldown_steps)
-
-    return cooled
-
-
-def noam_lr_lambda(d_model: int, warmup_steps: int, factor: float = 1.0) -> Callable[[int], float]:
-    """The paper's lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (section 5.3): the inverse square
-    root curve with its peak, factor * (d_model * warmup)^-0.5, at step `warmup_steps`."""
-    return inverse_sqrt_lr_lambda(factor * (d_model * warmup_steps) ** -0.5, warmup_steps)
-
-
 def fused_adam_allowed(precision_plugin: Precision, gradient_clip_val: float | None) -> bool:
     """Whether Lightning will step a fused Adam: its mixed-precision plugin refuses to clip the gradients of an
     optimizer that unscales them itself (fp16's gradient scaler would unscale them inside the fused step) and stops the
-    run at its first step, as a bf16-mixed run of configs/multi30k.yaml on an H200 showed."""
+    run at its first step."""
     return not (gradient_clip_val and isinstance(precision_plugin, MixedPrecision))
 
 
@@ -89,8 +55,14 @@ def clips_norm_through_fsdp(
     return bool(gradient_clip_val) and clips_norm and isinstance(strategy, FSDPStrategy)
 
 
-def model_config(preset: str, overrides: dict[str, Any] | None, vocabulary: dict[str, int]) -> TransformerConfig:
-    """The `preset` with `overrides` (model.config) and the tokenizer's `vocabulary`; a mistake names the field."""
+def model_config(
+    preset: str, overrides: dict[str, Any] | None, init_from: str | None, vocabulary: dict[str, int] | None = None
+) -> TransformerConfig:
+    """The config of the model a run trains, by the one rule of the settings model.preset < model.config <
+    model.init_from: the saved model's (`init_from`) where one is named, else the `preset` with `overrides` and the
+    tokenizer's `vocabulary` (its size and special ids). A mistake names the field."""
+    if init_from is not None:
+        return saved_config(init_from)
     overrides = dict(overrides or {})
     # attn_implementation is an argument of every config (eager, sdpa, flex_attention...) rather than a field.
     fields = [field.name for field in dataclasses.fields(TransformerConfig)] + ["attn_implementation"]
@@ -100,25 +72,44 @@ def model_config(preset: str, overrides: dict[str, Any] | None, vocabulary: dict
             hint = f" (did you mean {closest[0]!r}?)" if closest else ""
             raise ConfigError(f"model.config: {name!r} is not a TransformerConfig field{hint}")
     try:
-        return TransformerConfig.from_preset(preset, **{**overrides, **vocabulary})
+        return TransformerConfig.from_preset(preset, **{**overrides, **(vocabulary or {})})
     except ValueError as err:
         raise ConfigError(f"model.config: {err}") from err
+
+
+# Training-module arguments of hf-transformer 0.3 that 0.4 dropped (experiments that measured no gain), with the value
+# that left them off: a checkpoint saved with that value resumes as it was trained.
+RETIRED_ARGUMENTS = {"cooldown_steps": 0, "rdrop_alpha": 0.0}
+
+
+def retired_arguments_dropped(hparams: dict[str, Any]) -> dict[str, Any]:
+    """`hparams` without the retired arguments that are off (`RETIRED_ARGUMENTS`); `check_resumable` refuses the
+    others."""
+    return {name: value for name, value in hparams.items() if RETIRED_ARGUMENTS.get(name, object()) != value}
 
 
 def check_resumable(path: str, checkpoint: dict[str, Any]) -> None:
     """Refuse a checkpoint whose module arguments this version does not take, saying which version wrote it; its
     model still exports (`hf-transformer export` reads every version) and trains further with model.init_from."""
-    accepted = set(inspect.signature(TranslationModule).parameters)
-    unknown = sorted(set(checkpoint.get("hyper_parameters", {})) - accepted - {"_instantiator", "_class_path"})
-    if unknown:
-        version = checkpoint.get("hf_transformer_version", "a version before 0.2.0")
-        raise CheckpointError(
-            f"{path} was written by hf-transformer {version}, whose training module took {', '.join(unknown[:4])}; "
-            f"this version ({importlib.metadata.version('hf-transformer')}) takes every model setting, label smoothing "
-            "included, under model.preset and model.config. Resume it with the version that wrote it, or export it "
-            "(hf-transformer export "
-            f"{path} exports/old) and train on from that folder with --model.init_from exports/old."
-        )
+    accepted = set(inspect.signature(TranslationModule).parameters) | {"_instantiator", "_class_path"}
+    hparams = retired_arguments_dropped(checkpoint.get("hyper_parameters", {}))
+    unknown = sorted(set(hparams) - accepted)
+    if not unknown:
+        return
+    version = checkpoint.get("hf_transformer_version", "a version before 0.2.0")
+    retired = [f"model.{name}={hparams[name]!r}" for name in unknown if name in RETIRED_ARGUMENTS]
+    took = (
+        f"was trained with {', '.join(retired)}, which this version ({importlib.metadata.version('hf-transformer')}) "
+        "no longer has"
+        if retired
+        else f"was written by hf-transformer {version}, whose training module took {', '.join(unknown[:4])}; this "
+        f"version ({importlib.metadata.version('hf-transformer')}) takes every model setting, label smoothing "
+        "included, under model.preset and model.config"
+    )
+    raise CheckpointError(
+        f"{path} {took}. Resume it with the version that wrote it ({version}), or export it (hf-transformer export "
+        f"{path} exports/old) and train on from that folder with --model.init_from exports/old."
+    )
 
 
 def check_same_weights(checkpoint: dict[str, Any], module: pl.LightningModule) -> None:
@@ -152,8 +143,6 @@ def check_training_settings(hparams: dict[str, Any]) -> None:
         "eps": (lambda value: value > 0, "must be positive (the paper uses 1e-9)"),
         "betas": (lambda value: all(0 <= beta < 1 for beta in value), "must both be in [0, 1) (the paper: 0.9, 0.98)"),
         "weight_decay": (lambda value: value >= 0, "must be at least 0"),
-        "cooldown_steps": (lambda value: value >= 0, "must be at least 0 (0: no cool-down)"),
-        "rdrop_alpha": (lambda value: value >= 0, "must be at least 0 (0: no R-Drop; 5 in its paper)"),
     }
     for name, (is_valid, rule) in rules.items():
         if not is_valid(hparams[name]):
@@ -162,10 +151,9 @@ def check_training_settings(hparams: dict[str, Any]) -> None:
 
 def check_module_arguments(arguments: dict[str, Any]) -> None:
     """Everything `TranslationModule` checks before building anything, from its arguments alone: the training settings
-    and the model config (unless the model comes from `init_from`). Raises `ConfigError` naming the setting."""
+    and the model config. Raises `ConfigError` naming the setting."""
     check_training_settings(arguments)
-    if arguments["init_from"] is None:
-        model_config(arguments["preset"], arguments["config"], vocabulary={})
+    model_config(arguments["preset"], arguments["config"], arguments["init_from"])
 
 
 class TranslationModule(pl.LightningModule):
@@ -189,12 +177,6 @@ class TranslationModule(pl.LightningModule):
         betas: Adam's beta1 and beta2 (0.9 and 0.98 in the paper).
         eps: Adam's epsilon (1e-9 in the paper).
         weight_decay: AdamW's decoupled weight decay (none in the paper).
-        cooldown_steps: the last `cooldown_steps` of `trainer.max_steps` decay the learning rate linearly to 0; 0 (the
-            paper) keeps the inverse square root to the end.
-        rdrop_alpha: R-Drop (Liang et al. 2021): each step runs every pair of the batch twice, under two dropout masks,
-            and adds rdrop_alpha / 2 times the symmetric KL divergence of the two output distributions to the two
-            cross-entropies; 0, as in the Transformer paper, runs each pair once. A step costs more than one on a
-            batch twice the size (1.3x on Multi30k, README), so halve `data.max_tokens` to come near the plain cost.
         generation: GenerationConfig fields for validation and the saved model, over the paper's beam 4 and length
             penalty 0.6, e.g. {num_beams: 2}.
         compile: run the training loss (forward, loss and the loss's gradients) as one `torch.compile` graph with
@@ -213,8 +195,6 @@ class TranslationModule(pl.LightningModule):
         betas: tuple[float, float] = (0.9, 0.98),
         eps: float = 1e-9,
         weight_decay: float = 0.0,
-        cooldown_steps: int = 0,
-        rdrop_alpha: float = 0.0,
         generation: dict[str, Any] | None = None,
         compile: bool = False,
     ):
@@ -223,7 +203,9 @@ class TranslationModule(pl.LightningModule):
         check_training_settings(self.hparams)
         self.tokenizer = tokenizer
         vocabulary = model_vocabulary(tokenizer) if tokenizer is not None else {}
-        if init_from is not None:
+        if init_from is None:
+            self.model = TransformerForConditionalGeneration(model_config(preset, config, init_from, vocabulary))
+        else:
             self.model = TransformerForConditionalGeneration.from_pretrained(init_from)
             if vocabulary and self.model.config.vocab_size != vocabulary["vocab_size"]:
                 raise ConfigError(
@@ -231,18 +213,19 @@ class TranslationModule(pl.LightningModule):
                     f"data module's tokenizer has {vocabulary['vocab_size']}: set data.tokenizer to the model's "
                     f"tokenizer ({init_from})."
                 )
-        else:
-            self.model = TransformerForConditionalGeneration(model_config(preset, config, vocabulary))
         unknown = self.model.generation_config.update(**(generation or {}))
         if unknown:
             raise ConfigError(f"model.generation: {sorted(unknown)} are not GenerationConfig fields")
         # Module dicts, so Lightning moves the metrics to the device with the model.
         self.register_buffer("non_finite_losses", torch.zeros((), dtype=torch.long), persistent=False)
-        self.bleu = nn.ModuleDict({stage: SacreBLEUScore(tokenize="13a") for stage in ("val", "test")})
-        self.chrf = nn.ModuleDict({stage: CHRFScore(n_word_order=0) for stage in ("val", "test")})
+        # Validation's scores are sums over batches and ranks (torchmetrics); the test split's are computed once, from
+        # all its translations, by `hf_transformer.scoring` (`on_test_epoch_end`).
+        self.val_bleu = SacreBLEUScore(tokenize="13a")
+        self.val_chrf = CHRFScore(n_word_order=0)
         self._samples: list[list[str]] = []
         self.val_samples: list[list[str]] = []  # [source, reference, hypothesis] rows of the last validation
         self._translations: list[tuple[int, str, str]] = []  # (line of the test split, hypothesis, reference)
+        self.test_translations: tuple[list[str], list[str]] = ([], [])  # the last test's, in the split's order
 
     # --- training ----------------------------------------------------------------------------------------------
 
@@ -262,13 +245,8 @@ class TranslationModule(pl.LightningModule):
         self.training_loss = torch.compile(method, dynamic=True, backend=backend)
 
     def training_loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        """The model's loss on `batch`: label-smoothed cross-entropy per target token (`config.label_smoothing`), with
-        R-Drop's KL term on the batch run twice if `rdrop_alpha` is set."""
-        inputs = {name: batch[name] for name in ("input_ids", "attention_mask", "labels")}
-        rdrop_alpha = self.hparams.rdrop_alpha
-        if rdrop_alpha:
-            inputs = {name: torch.cat([tensor, tensor]) for name, tensor in inputs.items()}
-        return self.model(**inputs, rdrop_alpha=rdrop_alpha).loss
+        """The model's loss on `batch`: label-smoothed cross-entropy per target token (`config.label_smoothing`)."""
+        return self.model(**{name: batch[name] for name in ("input_ids", "attention_mask", "labels")}).loss
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         # The data module's collate checked the ids on the CPU; checked again here, they would make the step wait
@@ -296,17 +274,8 @@ class TranslationModule(pl.LightningModule):
             lr_lambda = noam_lr_lambda(self.model.config.d_model, hparams.warmup_steps)
         else:
             lr_lambda = inverse_sqrt_lr_lambda(hparams.peak_lr, hparams.warmup_steps)
-        if hparams.cooldown_steps:
-            max_steps = self.trainer.max_steps
-            if not hparams.warmup_steps + hparams.cooldown_steps <= max_steps:
-                raise ConfigError(
-                    f"model.cooldown_steps={hparams.cooldown_steps} needs trainer.max_steps ({max_steps}) of at least "
-                    f"model.warmup_steps + model.cooldown_steps ({hparams.warmup_steps + hparams.cooldown_steps}): the "
-                    "cool-down ends at trainer.max_steps"
-                )
-            lr_lambda = with_cooldown(lr_lambda, hparams.cooldown_steps, max_steps)
-        # One fused kernel for all parameters on GPUs (Adam was 13% of an eager step's GPU time) where Lightning allows
-        # it, one multi-tensor loop elsewhere.
+        # One fused kernel for all parameters on GPUs, where Lightning allows it (an eager step's optimizer update is
+        # a large share of its GPU time); one multi-tensor loop elsewhere.
         fused = self.device.type == "cuda" and fused_adam_allowed(
             self.trainer.precision_plugin, self.trainer.gradient_clip_val
         )
@@ -356,9 +325,9 @@ class TranslationModule(pl.LightningModule):
 
         hypotheses = self.translate(batch["input_ids"], batch["attention_mask"])
         references = [[reference] for reference in batch["target_text"]]
-        self.bleu[stage].update(hypotheses, references)
-        self.chrf[stage].update(hypotheses, references)
         if stage == "val":
+            self.val_bleu.update(hypotheses, references)
+            self.val_chrf.update(hypotheses, references)
             rows = zip(batch["source_text"], batch["target_text"], hypotheses, strict=True)
             self._samples.extend([source, reference, hypothesis] for source, reference, hypothesis in rows)
         if stage == "test":
@@ -367,11 +336,16 @@ class TranslationModule(pl.LightningModule):
     def translate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[str]:
         """Beam search as the model's generation config says (the paper's beam 4, length penalty 0.6), each output
         at most its input's length + 50 tokens (section 6.1, `MAX_LENGTH_OFFSET`)."""
-        output_ids = beam_search(self.model, input_ids, attention_mask)
+        output_ids = [best[0].token_ids for best in beam_search(self.model, input_ids, attention_mask)]
         return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)
 
     def on_validation_epoch_end(self) -> None:
-        self._log_scores("val")
+        self._log_loss("val")
+        # SacreBLEU reports 0-100; torchmetrics' states are sums, so compute() is the exact corpus score over ranks.
+        self.log("val/bleu", 100 * self.val_bleu.compute(), prog_bar=True)
+        self.log("val/chrf", 100 * self.val_chrf.compute())
+        self.val_bleu.reset()
+        self.val_chrf.reset()
         self._samples = telling_samples(self._samples, NUM_LOGGED_SAMPLES)
         if not self.trainer.sanity_checking:
             self.val_samples = self._samples
@@ -380,20 +354,21 @@ class TranslationModule(pl.LightningModule):
         self._samples = []
 
     def on_test_epoch_end(self) -> None:
-        self._log_scores("test")
+        self._log_loss("test")
+        hypotheses, references = self._gather_test_translations()
+        self.test_translations = hypotheses, references
+        # On every rank, from all ranks' translations: each logs the same corpus score.
+        for score in sacrebleu_scores(hypotheses, references):
+            if score.name in TEST_METRICS:
+                self.log(TEST_METRICS[score.name], score.value)
 
-    def _log_scores(self, stage: str) -> None:
+    def _log_loss(self, stage: str) -> None:
         metrics = self.trainer.callback_metrics
         nll = metrics[f"{stage}/nll_sum"] / metrics[f"{stage}/target_tokens"].clamp(min=1)
         self.log(f"{stage}/loss", nll, sync_dist=False)
         self.log(f"{stage}/perplexity", nll.exp(), sync_dist=False)
-        # SacreBLEU reports 0-100; torchmetrics' states are sums, so compute() is the exact corpus score over ranks.
-        self.log(f"{stage}/bleu", 100 * self.bleu[stage].compute(), prog_bar=True)
-        self.log(f"{stage}/chrf", 100 * self.chrf[stage].compute())
-        self.bleu[stage].reset()
-        self.chrf[stage].reset()
 
-    def gathered_test_translations(self) -> tuple[list[str], list[str]]:
+    def _gather_test_translations(self) -> tuple[list[str], list[str]]:
         """The test hypotheses of all ranks and their references, in the order of the test set."""
         gathered = [self._translations]
         if self.trainer.world_size > 1:

@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
 from lightning_modules import TranslationDataModule, TranslationModule
-from lightning_modules.tokenization import train_bpe_tokenizer
+from lightning_modules.data.tokenization import train_bpe_tokenizer
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"  # the quick demo, which tests train in
 

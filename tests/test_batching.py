@@ -6,7 +6,7 @@ import torch
 
 from hf_transformer.errors import DataError
 from hf_transformer.token_budget import pack_token_budget
-from lightning_modules.batching import (
+from lightning_modules.data.batching import (
     ResumableDataLoader,
     TokenBudgetBatchSampler,
     TranslationCollator,
@@ -159,19 +159,3 @@ def test_collator_pads_right_and_masks_labels():
     assert batch["source_text"] == ["a", "c"] and batch["target_text"] == ["b", "d"]
     assert batch["index"].tolist() == [4, 0]
     assert "source_text" not in collate([{"input_ids": [2], "labels": [2]}])
-
-
-def test_collator_resegments_training_rows_unless_that_passes_the_position_limit():
-    def resegment(texts):  # one id per character, then </s>
-        return [[ord(c) for c in text] + [2] for text in texts]
-
-    collate = TranslationCollator(pad_token_id=0, max_source_positions=4, max_target_positions=4, resegment=resegment)
-    rows = [
-        {"input_ids": [5, 2], "labels": [7, 2], "source_text": "ab", "target_text": "xyz"},
-        {"input_ids": [6, 2], "labels": [8, 2], "source_text": "abcd", "target_text": "q"},
-    ]
-    batch = collate(rows)
-    a, b, c, q, x, y, z = (ord(ch) for ch in "abcqxyz")
-    assert batch["input_ids"].tolist() == [[a, b, 2], [6, 2, 0]]  # "abcd</s>" would be cut: the row keeps its ids
-    assert batch["labels"].tolist() == [[x, y, z, 2], [q, 2, -100, -100]]
-    assert set(batch) == {"input_ids", "attention_mask", "labels"}

@@ -20,7 +20,7 @@ from conftest import (
 )
 
 from hf_transformer import TransformerForConditionalGeneration, translate
-from hf_transformer.translate import beam_search
+from hf_transformer.decoding.translate import beam_search
 from lightning_modules.checkpoint import load_checkpoint, model_from_checkpoint, tokenizer_from_checkpoint
 from lightning_modules.cli import main
 
@@ -48,7 +48,8 @@ def test_greedy_equals_ours_but_at_near_ties(model_and_tokenizer, sources, tmp_p
     model, tokenizer = model_and_tokenizer
     source, attention_mask, rows = sources
     translator = CTranslate2Translator(to_ctranslate2(model, tokenizer, tmp_path / "ct2"))
-    ours = beam_search(model, source, attention_mask, num_beams=1, max_length_offset=MAX_LENGTH_OFFSET)
+    found = beam_search(model, source, attention_mask, num_beams=1, max_length_offset=MAX_LENGTH_OFFSET)
+    ours = [best[0].token_ids for best in found]
     theirs = [
         [model.config.decoder_start_token_id, *row]
         for row in translator.generate(rows, num_beams=1, max_length_offset=MAX_LENGTH_OFFSET)
@@ -92,7 +93,9 @@ def test_beam_4_agrees_with_ours_on_the_trained_model(model_and_tokenizer, sourc
     model, tokenizer = model_and_tokenizer
     source, attention_mask, rows = sources
     translator = CTranslate2Translator(to_ctranslate2(model, tokenizer, tmp_path / "ct2"))
-    ours = beam_search(model, source, attention_mask, max_length_offset=MAX_LENGTH_OFFSET)
+    ours = [
+        best[0].token_ids for best in beam_search(model, source, attention_mask, max_length_offset=MAX_LENGTH_OFFSET)
+    ]
     theirs = translator.generate(rows, max_length_offset=MAX_LENGTH_OFFSET)
     assert equal_fraction(theirs, [row[1:] for row in ours]) >= 0.9
 

@@ -18,15 +18,11 @@ import pytest
 import torch
 from conftest import multi30k_dir
 from lightning.pytorch.callbacks import ModelCheckpoint
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import Whitespace
-from transformers import PreTrainedTokenizerFast
 
 from hf_transformer.errors import DataError
 from lightning_modules import TranslationDataModule
-from lightning_modules.batching import padding_efficiency
-from lightning_modules.synthetic import number_to_words, synthetic_splits
+from lightning_modules.data.batching import padding_efficiency
+from lightning_modules.data.synthetic import number_to_words, synthetic_splits
 
 SMALL = {"synthetic_train_size": 2000, "synthetic_eval_size": 200, "max_tokens": 512, "eval_max_tokens": 512}
 MULTI30K = {"source_lang": "en", "target_lang": "de", "validation_split": "val", "test_split": "test_2016_flickr"}
@@ -332,60 +328,6 @@ def test_multi30k_vocabulary_keeps_punctuation_apart_from_words(multi30k):
 
 
 # ---------------------------------------------------------------------------------------------------- BPE-dropout
-def bpe_dropout_module(folder: Path, bpe_dropout: float) -> TranslationDataModule:
-    for split in ("train", "validation", "test"):
-        write_lines(folder / f"{split}.en", [s for s, _ in PAIRS] * 20)
-        write_lines(folder / f"{split}.de", [t for _, t in PAIRS] * 20)
-    limits = {"max_tokens": 64, "max_source_positions": 16, "max_target_positions": 16}  # some pairs grow past 16
-    return local_module(folder, bpe_dropout=bpe_dropout, **limits)
-
-
-def test_bpe_dropout_segments_training_pairs_anew_into_the_same_text(tmp_path):
-    dm = bpe_dropout_module(tmp_path, bpe_dropout=0.5)
-    loader, tokenizer = dm.train_dataloader(), dm.tokenizer
-    full_merges = [(row["input_ids"], row["labels"]) for row in loader.dataset]
-    epochs = []
-    for _ in range(2):
-        segmented = {}
-        for batch, indices in zip(loader, loader.batch_sampler.plan(), strict=True):
-            for i, source, target in zip(indices, batch["input_ids"], batch["labels"], strict=True):
-                segmented[i] = (source[source != tokenizer.pad_token_id].tolist(), target[target != -100].tolist())
-        assert set(batch) == {"input_ids", "attention_mask", "labels"}
-        epochs.append(segmented)
-    for i, (source, target) in epochs[0].items():  # another segmentation, of the same text
-        row = loader.dataset[i]
-        assert tokenizer.decode(source, skip_special_tokens=True) == row["source_text"]
-        assert tokenizer.decode(target, skip_special_tokens=True) == row["target_text"]
-        assert source[-1] == target[-1] == tokenizer.eos_token_id
-    assert sum(epochs[0][i] != full_merges[i] for i in epochs[0]) > len(full_merges) / 2
-    assert epochs[0] != epochs[1]  # drawn anew each time a pair is batched
-    for batch in dm.val_dataloader():  # evaluation keeps the full merges
-        assert batch["input_ids"].tolist() == tokenizer(batch["source_text"], padding=True)["input_ids"]
-
-
-def test_bpe_dropout_off_keeps_the_tokenized_ids(tmp_path):
-    dm = bpe_dropout_module(tmp_path, bpe_dropout=0.0)
-    loader = dm.train_dataloader()
-    for batch, indices in zip(loader, loader.batch_sampler.plan(), strict=True):
-        rows = [loader.dataset[i]["input_ids"] for i in indices]
-        assert [ids[ids != dm.tokenizer.pad_token_id].tolist() for ids in batch["input_ids"]] == rows
-
-
-@pytest.mark.parametrize("bpe_dropout", [1.0, -0.1])
-def test_bpe_dropout_outside_0_to_1_is_an_error(tmp_path, bpe_dropout):
-    with pytest.raises(DataError, match=r"data\.bpe_dropout=.* not a probability in \[0, 1\)"):
-        bpe_dropout_module(tmp_path, bpe_dropout=bpe_dropout)
-
-
-def test_bpe_dropout_with_a_tokenizer_that_is_not_bpe_names_the_fix(tmp_path):
-    words = {token: i for i, token in enumerate(["<pad>", "<s>", "</s>", "<unk>", "a", "cat"])}
-    backend = Tokenizer(WordLevel(words, unk_token="<unk>"))
-    backend.pre_tokenizer = Whitespace()
-    PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
-    ).save_pretrained(tmp_path / "word_level")
-    with pytest.raises(DataError, match=r"needs a BPE tokenizer.*WordLevel.*data\.bpe_dropout to 0"):
-        TranslationDataModule(tokenizer=str(tmp_path / "word_level"), bpe_dropout=0.1)
 
 
 # ----------------------------------------------------------------------------------------------------- Lightning
@@ -494,89 +436,6 @@ def test_folder_of_text_files_with_split_names_mapped(tmp_path, suffix):
     assert pairs_of(dm, "validation") == sorted(PAIRS)
     reverse = local_module(tmp_path, source_lang="fr", target_lang="en", validation_split="dev", test_split="test2016")
     assert pairs_of(reverse, "test") == sorted(zip(["un", "deux", "trois"], [s for s, _ in PAIRS], strict=True))
-
-
-FRENCH = ["un petit chien élancé court", "deux hommes à la fenêtre", "un chat français"]  # é à ê ç: not in en/de
-
-
-def test_extra_source_langs_join_the_training_split_only(tmp_path):
-    """Many-to-one training: the French captions of the same pairs translate into the same German in training; the
-    evaluation splits keep English, and the tokenizer is trained on the French too (no `<unk>` for it)."""
-    for split in ("train", "validation", "test"):
-        write_lines(tmp_path / f"{split}.en", [s for s, _ in PAIRS])
-        write_lines(tmp_path / f"{split}.fr", FRENCH)
-        write_lines(tmp_path / f"{split}.de", [t for _, t in PAIRS])
-    tokenizer_dir = tmp_path / "tokenizer"
-    dm = local_module(tmp_path, extra_source_langs=["fr"], tokenizer_dir=str(tokenizer_dir))
-    train = dm.raw_pairs("train")
-    assert sorted(zip(train["source_text"], train["target_text"], strict=True)) == sorted(
-        PAIRS + list(zip(FRENCH, [t for _, t in PAIRS], strict=True))
-    )
-    assert dm.filter_stats["train"]["kept"] == 2 * len(PAIRS)
-    assert pairs_of(dm, "validation") == pairs_of(dm, "test") == sorted(PAIRS)
-    assert not [ids for ids in dm.tokenizer(FRENCH)["input_ids"] if dm.tokenizer.unk_token_id in ids]
-    english_only = local_module(tmp_path).tokenizer
-    assert [ids for ids in english_only(FRENCH)["input_ids"] if english_only.unk_token_id in ids]
-    assert json.loads((tokenizer_dir / "trained_on.json").read_text())["extra_source_langs"] == ["fr"]
-    with pytest.raises(DataError, match=r"extra_source_langs: \['fr'\] then, None now"):
-        local_module(tmp_path, tokenizer_dir=str(tokenizer_dir), bpe_vocab_size=100)
-
-
-@pytest.mark.parametrize(
-    ("extra", "problem"), [(["de"], "repeats 'de'"), (["fr", "fr"], "repeats 'fr'"), (["en"], "repeats 'en'")]
-)
-def test_extra_source_langs_that_repeat_a_language_are_an_error(tmp_path, extra, problem):
-    with pytest.raises(DataError, match=rf"data.extra_source_langs=.*{problem}: list each language once"):
-        TranslationDataModule(dataset=str(tmp_path), source_lang="en", target_lang="de", extra_source_langs=extra)
-
-
-def test_extra_source_langs_missing_from_the_data_name_the_file(tmp_path):
-    for split in ("train", "validation", "test"):
-        write_lines(tmp_path / f"{split}.en", [s for s, _ in PAIRS])
-        write_lines(tmp_path / f"{split}.de", [t for _, t in PAIRS])
-    with pytest.raises(
-        DataError,
-        match=r"language 'cs' not in the data: looked for .*train\.cs.*Choose .*data.extra_source_langs among",
-    ):
-        local_module(tmp_path, extra_source_langs=["cs"])
-
-
-def test_lowercase_lowercases_every_split_and_the_tokenizer(tmp_path):
-    """`data.lowercase`: the pairs of every split (the references scored on too) are lowercased, and the tokenizer
-    trained on them lowercases what it encodes, so that a user's cased input gets the ids of its lowercased form."""
-    for split in ("train", "validation", "test"):
-        write_lines(tmp_path / f"{split}.en", [s.title() for s, _ in PAIRS])
-        write_lines(tmp_path / f"{split}.de", [t.upper() for _, t in PAIRS])
-    tokenizer_dir = tmp_path / "tokenizer"
-    dm = local_module(tmp_path, lowercase=True, tokenizer_dir=str(tokenizer_dir))
-    lowercased = sorted((source.lower(), target.lower()) for source, target in PAIRS)
-    assert pairs_of(dm, "validation") == pairs_of(dm, "test") == lowercased
-    train = dm.raw_pairs("train")
-    assert sorted(zip(train["source_text"], train["target_text"], strict=True)) == lowercased
-    assert dm.tokenizer("Ein KLEINER Hund")["input_ids"] == dm.tokenizer("ein kleiner hund")["input_ids"]
-    assert dm.tokenizer.decode(dm.tokenizer("Zwei Männer")["input_ids"], skip_special_tokens=True) == "zwei männer"
-    cased = local_module(tmp_path)
-    assert cased.tokenizer("Zwei")["input_ids"] != cased.tokenizer("zwei")["input_ids"]
-    assert json.loads((tokenizer_dir / "trained_on.json").read_text())["lowercase"] is True
-    with pytest.raises(DataError, match=r"lowercase: True then, None now"):
-        local_module(tmp_path, tokenizer_dir=str(tokenizer_dir))
-
-
-def test_lowercase_with_a_tokenizer_that_keeps_case_warns(tmp_path):
-    for split in ("train", "validation", "test"):
-        write_lines(tmp_path / f"{split}.en", [s for s, _ in PAIRS])
-        write_lines(tmp_path / f"{split}.de", [t for _, t in PAIRS])
-    tokenizer_dir = tmp_path / "cased"
-    local_module(tmp_path, tokenizer_dir=str(tokenizer_dir))
-    with pytest.warns(UserWarning, match=r"does not lowercase: .*data.tokenizer: null"):
-        TranslationDataModule(
-            dataset=str(tmp_path), source_lang="en", target_lang="de", tokenizer=str(tokenizer_dir), lowercase=True
-        )
-
-
-def test_extra_source_langs_on_the_synthetic_task_is_an_error():
-    with pytest.raises(DataError, match=r"synthetic task has only the languages 'digits' and 'words'"):
-        TranslationDataModule(extra_source_langs=["fr"], **SMALL)
 
 
 @pytest.mark.parametrize("suffix", ["", ".gz"])
@@ -690,6 +549,18 @@ def test_line_count_mismatch_names_both_files_and_counts(tmp_path):
     write_lines(tmp_path / "train.de.gz", ["a", "b"])
     with pytest.raises(DataError, match=r"train\.en has 3 lines but .*train\.de\.gz has 2"):
         local_module(tmp_path)
+
+
+def test_a_folder_of_multi30k_raw_files_answers_to_the_hub_copy_split_names(tmp_path):
+    """Multi30k's raw release names its splits train, val and test_2016_flickr; its Hub copy (and configs/multi30k.yaml)
+    names them train, validation and test: --data.dataset FOLDER alone switches the config to the folder."""
+    splits = {"train": PAIRS, "val": PAIRS[:2], "test_2016_flickr": PAIRS[1:]}
+    for split, pairs in splits.items():
+        write_lines(tmp_path / f"{split}.en.gz", [source for source, _ in pairs])
+        write_lines(tmp_path / f"{split}.de.gz", [target for _, target in pairs])
+    dm = local_module(tmp_path, validation_split="validation", test_split="test")
+    assert pairs_of(dm, "validation") == sorted(PAIRS[:2])
+    assert pairs_of(dm, "test") == sorted(PAIRS[1:])
 
 
 def test_missing_split_says_what_was_looked_for(tmp_path):

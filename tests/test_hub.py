@@ -25,7 +25,7 @@ from huggingface_hub.errors import (
 from safetensors.torch import save_file
 
 from hf_transformer.errors import HubError
-from hf_transformer.export.hub import push_folder
+from hf_transformer.hub.push import push_folder
 from lightning_modules.cli import main
 
 if TYPE_CHECKING:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -23,10 +24,11 @@ from safetensors.torch import load_file
 
 from hf_transformer import TransformerForConditionalGeneration, TranslationPipeline
 from hf_transformer.errors import HubError
-from hf_transformer.export.model_card import bleu_signature, chrf_signature, write_model_card
-from lightning_modules.checkpoint import export, load_checkpoint, model_from_checkpoint, tokenizer_from_checkpoint
+from hf_transformer.hub.model_card import bleu_signature, chrf_signature, write_model_card
+from lightning_modules.callbacks.push_to_hub import PushToHubCallback
+from lightning_modules.checkpoint import load_checkpoint, model_from_checkpoint, tokenizer_from_checkpoint
 from lightning_modules.cli import main
-from lightning_modules.hub_callback import PushToHubCallback
+from lightning_modules.export import export_checkpoint
 from lightning_modules.module import TranslationModule
 
 if TYPE_CHECKING:
@@ -333,7 +335,7 @@ def test_with_the_package_installed_no_remote_code_is_needed_and_training_can_st
 ) -> None:
     from transformers import AutoModelForSeq2SeqLM, pipeline
 
-    from lightning_modules.tokenization import load_tokenizer
+    from lightning_modules.data.tokenization import load_tokenizer
 
     assert push(str(checkpoint_path), REPO, capsys=capsys)[0] == 0
     checkpoint = load_checkpoint(checkpoint_path)
@@ -390,8 +392,37 @@ def test_results_and_wandb_link_given_to_push_go_into_the_card(
         ("test", "chrf", 55.0),
     }
     assert f"[W&B run]({wandb_url})" in card.text
-    status, _, err = push(str(tmp_path), REPO, "--results", str(scores), capsys=capsys)
-    assert status == 1 and "--results and --wandb-url only apply to a checkpoint" in err
+
+
+def eval_results(card: ModelCard) -> set[tuple[str, str, float]]:
+    """What huggingface_hub reads back from a card's model-index."""
+    return {(result.dataset_split, result.metric_type, result.metric_value) for result in card.data.eval_results}
+
+
+def test_every_route_to_a_shared_folder_carries_the_test_scores_into_the_card(
+    hub_endpoint: FakeHub, checkpoint_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The scores that `hf-transformer test` wrote reach the card's model-index by export (one checkpoint or an
+    average), by push of an exported folder (whose own folder stays as it was), and by push of an average."""
+    scores = tmp_path / "test_scores.json"
+    scores.write_text(json.dumps({"test/bleu": 31.5, "test/chrf": 58.25, "sacreBLEU": 31.5}))
+    expected = {("test", "bleu", 31.5), ("test", "chrf", 58.25)}
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    shutil.copy(checkpoint_path, checkpoints / "step000002.ckpt")
+
+    main(["export", str(checkpoints), str(tmp_path / "averaged"), "--average", "1", "--results", str(scores)])
+    assert eval_results(ModelCard.load(tmp_path / "averaged" / "README.md")) == expected
+
+    main(["export", str(checkpoint_path), str(tmp_path / "plain")])
+    before = {path.name: path.read_bytes() for path in (tmp_path / "plain").iterdir()}
+    assert push(str(tmp_path / "plain"), REPO, "--results", str(scores), capsys=capsys)[0] == 0
+    assert eval_results(ModelCard.load(hf_hub_download(REPO, "README.md"))) == expected
+    assert {path.name: path.read_bytes() for path in (tmp_path / "plain").iterdir()} == before
+
+    status, _, err = push(str(checkpoints), REPO, "--average", "1", "--results", str(scores), capsys=capsys)
+    assert status == 0, err
+    assert eval_results(ModelCard.load(hf_hub_download(REPO, "README.md", force_download=True))) == expected
 
 
 def test_create_pr_opens_a_pull_request(
@@ -537,7 +568,9 @@ def test_an_invalid_repo_id_fails_when_the_callback_is_made() -> None:
 def test_the_card_is_valid_metadata_with_results_and_signatures(checkpoint_path: Path, tmp_path: Path) -> None:
     checkpoint = load_checkpoint(checkpoint_path)
     results = {"test/bleu": 31.234, "test/chrf": 58.9, "test/loss": 1.5, "val/bleu": 30.0}
-    export(checkpoint, tmp_path, repo_id=REPO, results=results, wandb_url="https://wandb.ai/alice/hf/runs/abc")
+    export_checkpoint(
+        checkpoint, tmp_path, repo_id=REPO, results=results, wandb_url="https://wandb.ai/alice/hf/runs/abc"
+    )
 
     metadata = metadata_load(tmp_path / "README.md")
     card = ModelCard.load(tmp_path / "README.md")
@@ -568,7 +601,7 @@ def test_the_cards_label_smoothing_is_the_model_configs(checkpoint_path: Path, t
     """Read from `TransformerConfig.label_smoothing`: every 0.3.0 card printed None (it read a module argument)."""
     checkpoint = load_checkpoint(checkpoint_path)
     checkpoint["hf_config"]["label_smoothing"] = 0.2
-    export(checkpoint, tmp_path)
+    export_checkpoint(checkpoint, tmp_path)
     rows = re.findall(r"^\| Label smoothing \| (.*?) \|$", (tmp_path / "README.md").read_text(), re.MULTILINE)
     assert rows == ["0.2"]
 
@@ -581,11 +614,9 @@ def test_the_card_of_a_hub_dataset_names_languages_dataset_and_base_model(
         dataset="bentrevett/multi30k",
         source_lang="de",
         target_lang="en",
-        extra_source_langs=["fr", "cs"],
-        lowercase=True,
     )
     checkpoint["hyper_parameters"]["init_from"] = "alice/transformer-base"
-    checkpoint["hf_config"].update(dropout=0.2, attention_dropout=0.1, source_token_dropout=0.15)
+    checkpoint["hf_config"].update(dropout=0.2, attention_dropout=0.1, activation_dropout=0.15)
 
     metadata = metadata_load(write_model_card(tmp_path, checkpoint))
 
@@ -596,6 +627,4 @@ def test_the_card_of_a_hub_dataset_names_languages_dataset_and_base_model(
     text = (tmp_path / "README.md").read_text()
     assert "No evaluation results were recorded" in text
     assert f'model_id = "{tmp_path.resolve()}"' in text
-    assert "| Dropout P_drop | 0.2; 0.1 on the attention weights; 0.15 of whole source tokens |" in text
-    assert "| Training pairs | de -> en, fr -> en, cs -> en (`data.extra_source_langs`) |" in text
-    assert "| Text | lowercased on both sides, in training and scoring (`data.lowercase`) |" in text
+    assert "| Dropout P_drop | 0.2; 0.1 on the attention weights; 0.15 inside the feed-forward networks |" in text

@@ -11,7 +11,7 @@ from transformers.models.marian.modeling_marian import MarianSinusoidalPositiona
 
 from hf_transformer import TransformerForConditionalGeneration
 from hf_transformer.export.marian import marian_permutation, to_marian
-from hf_transformer.modeling_transformer import SinusoidalPositionalEncoding
+from hf_transformer.model.modeling_transformer import SinusoidalPositionalEncoding
 
 # Each case changes the tiny config so that a mix-up would show: encoder and decoder of different depths and FFN widths
 # (a swapped stack or fc1/fc2 fails to load), untied embeddings (three matrices), an odd d_model (one more sine than

@@ -2,6 +2,7 @@
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.cache_utils import DynamicCache
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TransformerModel
-from hf_transformer.modeling_transformer import CACHE_NAME
+from hf_transformer.model.modeling_transformer import CACHE_NAME
 
 
 def make_model(config: TransformerConfig, **overrides) -> TransformerForConditionalGeneration:
@@ -59,7 +60,6 @@ def test_presets_have_the_papers_parameter_counts(preset, expected_millions, tol
         ("dropout", 1.0),
         ("attention_dropout", -0.1),
         ("activation_dropout", 1.5),
-        ("source_token_dropout", 1.0),
         ("activation_function", "swishy"),
         ("pad_token_id", 37000),
         ("eos_token_id", 40000),
@@ -177,7 +177,7 @@ def test_attention_maps_are_returned_by_sdpa_and_eager_alike(tiny_config):
 
 
 def test_sinusoidal_encoding_matches_the_formula():
-    from hf_transformer.modeling_transformer import SinusoidalPositionalEncoding
+    from hf_transformer.model.modeling_transformer import SinusoidalPositionalEncoding
 
     d_model = 16
     encoding = SinusoidalPositionalEncoding(50, d_model)(torch.arange(50))
@@ -190,7 +190,7 @@ def test_sinusoidal_encoding_matches_the_formula():
 
 
 def test_dropout_zeroes_a_fraction_p_and_rescales_the_rest():
-    from hf_transformer.efficiency import apply_dropout
+    from hf_transformer.model.speed import apply_dropout
 
     x = (torch.rand(1000, 1000) + 1.0).requires_grad_()  # no zeros of its own
     assert apply_dropout(x, 0.1, training=False) is x
@@ -206,28 +206,6 @@ def test_dropout_zeroes_a_fraction_p_and_rescales_the_rest():
     # Neighbours share a random word but not their fate: both are dropped with probability p^2.
     assert abs((~kept[:, 0::2] & ~kept[:, 1::2]).float().mean().item() - 0.01) < 2e-3
     assert apply_dropout(x.detach().bfloat16(), 0.3, training=True).dtype == torch.bfloat16
-
-
-def test_source_token_dropout_drops_whole_source_embeddings_in_training_only(tiny_config):
-    model = make_model(tiny_config, dropout=0.0, source_token_dropout=0.5)
-    source = torch.randint(4, tiny_config.vocab_size, (64, 32))
-    encoder, decoder = model.model.encoder, model.model.decoder
-    with torch.no_grad():
-        scaled = encoder.embed_tokens(source) * encoder.embed_scale
-        positions = encoder.embed(None, torch.zeros_like(scaled))  # the positional encodings alone
-        model.train()
-        embedded = encoder.embed(source, None)
-        # Each token is either dropped whole (its positional encoding alone) or kept and scaled by 1 / (1 - p).
-        dropped = torch.isclose(embedded, positions, atol=1e-6).all(-1)
-        kept = torch.isclose(embedded, positions + scaled / 0.5, atol=1e-5).all(-1)
-        assert torch.equal(dropped, ~kept)
-        assert abs(dropped.float().mean().item() - 0.5) < 0.05  # 2048 draws: about 4.5 standard deviations
-        # The target side and evaluation are untouched.
-        torch.testing.assert_close(
-            decoder.embed(source, None), decoder.embed_tokens(source) * decoder.embed_scale + positions
-        )
-        model.eval()
-        torch.testing.assert_close(encoder.embed(source, None), scaled + positions)
 
 
 def test_shared_embeddings_and_output_projection_are_one_matrix(tiny_config):
@@ -337,6 +315,8 @@ def test_padding_is_not_computed_and_changes_no_logit_loss_or_gradient(tiny_conf
 def test_training_flops_count_every_matrix_multiply_of_a_training_step(tiny_config):
     from torch.utils.flop_counter import FlopCounterMode
 
+    from lightning_modules.callbacks.throughput import training_flops
+
     # Unequal stacks and feed-forward sizes, so that a term counted in the wrong stack shows.
     model = make_model(tiny_config, decoder_layers=3, encoder_ffn_dim=48, _attn_implementation="eager")
     source_lengths, target_lengths = [9, 3, 5], [4, 7, 5]
@@ -346,7 +326,7 @@ def test_training_flops_count_every_matrix_multiply_of_a_training_step(tiny_conf
         with FlopCounterMode(display=False) as counter:
             model(input_ids=source, labels=labels).loss.backward()
         counted += counter.get_total_flops()
-    expected = model.training_flops(torch.tensor(source_lengths), torch.tensor(target_lengths))
+    expected = training_flops(tiny_config, torch.tensor(source_lengths), torch.tensor(target_lengths))
     assert int(expected) == counted
 
 
@@ -557,11 +537,39 @@ def test_save_and_load_round_trip_exactly(tiny_config, tmp_path):
         assert torch.equal(table, sinusoids.to(table.dtype))
 
 
+def test_a_saved_model_takes_either_length_bound_without_a_warning(tiny_config, tmp_path):
+    """The saved bound is a number of new tokens, so `generate(max_new_tokens=n)` replaces it without transformers'
+    warning that max_length is set too, and a caller's `max_length` (as an argument or in a generation config) bounds
+    the output in its place, as it does for a stock model."""
+    from transformers import GenerationConfig
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
+    make_model(tiny_config).save_pretrained(tmp_path / "model")
+    model = TransformerForConditionalGeneration.from_pretrained(tmp_path / "model").eval()
+    source = random_batch(tiny_config, batch=2)[0]
+    with torch.no_grad():
+        model.lm_head.weight[tiny_config.eos_token_id] = -1e4  # never ends early: the bound decides the length
+    lengths = {}
+    with CaptureLogger(logging.get_logger("transformers.generation.utils")) as captured:
+        lengths["max_new_tokens"] = model.generate(source, max_new_tokens=3).shape[1]
+        lengths["max_length"] = model.generate(source, max_length=5).shape[1]
+        lengths["saved"] = model.generate(source, num_beams=1).shape[1]
+    assert captured.out == ""
+    # A generation config with max_length: the saved bound is unset by an argument beside it, which transformers
+    # notes once as a deprecated combination; the output keeps the caller's bound.
+    with CaptureLogger(logging.get_logger("transformers.generation.utils")) as captured:
+        lengths["config"] = model.generate(source, generation_config=GenerationConfig(max_length=6)).shape[1]
+    assert "seem to have been set" not in captured.out
+    saved = model.generation_config.max_new_tokens + 1
+    assert lengths == {"max_new_tokens": 4, "max_length": 5, "config": 6, "saved": saved}
+    assert saved == min(256, tiny_config.max_position_embeddings)
+
+
 def test_remote_code_load_without_the_package_gives_identical_outputs(tiny_config, tmp_path):
     model = make_model(tiny_config)
     source, target = random_batch(tiny_config)
     model.save_pretrained(tmp_path / "model")
-    assert (tmp_path / "model" / "efficiency.py").exists()  # imported by the modeling file: travels with it
     remote = load_without_the_package(tmp_path / "model", source, target)
     with torch.no_grad():
         torch.testing.assert_close(
@@ -569,6 +577,20 @@ def test_remote_code_load_without_the_package_gives_identical_outputs(tiny_confi
         )
     assert torch.equal(remote["beams"], model.generate(source, max_new_tokens=5))
     assert_continues_under_both_cache_names(remote)
+
+
+def test_an_exported_folder_carries_exactly_the_files_of_the_model_folder_as_its_code(
+    tiny_config, tiny_tokenizer, tmp_path
+):
+    """`hf_transformer/model/` is the remote code: a folder written by `export` carries each of its files unchanged
+    (but its `__init__.py`, which the flat folder does not need), and nothing else of the package."""
+    import hf_transformer.model
+    from hf_transformer.export import export_model
+
+    folder = export_model(make_model(tiny_config), tiny_tokenizer, tmp_path / "exported")
+    package = Path(hf_transformer.model.__file__).parent
+    model_files = {path.name: path.read_bytes() for path in package.glob("*.py") if path.name != "__init__.py"}
+    assert {path.name: path.read_bytes() for path in folder.glob("*.py")} == model_files
 
 
 def test_corrupt_weights_are_refused_naming_the_file(tiny_config, tmp_path):
@@ -580,7 +602,6 @@ def test_corrupt_weights_are_refused_naming_the_file(tiny_config, tmp_path):
     weights.write_bytes(data[:-64] + b"\xff" * 64)  # the end of the last tensor: float32 NaNs
     with pytest.raises(ValueError, match=r"model/model\.safetensors hold NaN or infinite values"):
         TransformerForConditionalGeneration.from_pretrained(tmp_path / "model")
-    assert (tmp_path / "model" / "integrity.py").exists()  # imported by the modeling file: travels with it
     source, target = random_batch(tiny_config)
     error = load_without_the_package(tmp_path / "model", source, target, expect_failure=True)
     assert "model/model.safetensors hold NaN or infinite values" in error, error[-2000:]
@@ -649,7 +670,7 @@ def test_translation_pipeline_from_a_saved_folder(tiny_config, tiny_tokenizer, t
 @pytest.mark.parametrize(("num_beams", "length_penalty"), [(4, 0.6), (1, 1.0), (3, -0.5)])
 def test_shrinking_beam_search_equals_generate_on_each_sentence(tiny_config, num_beams, length_penalty):
     """Sentences leave the batch as they finish; each result is still what generate() gives for it alone."""
-    from hf_transformer.translate import beam_search
+    from hf_transformer.decoding.translate import beam_search
 
     model = make_model(tiny_config).double()
     with torch.no_grad():
@@ -666,8 +687,8 @@ def test_shrinking_beam_search_equals_generate_on_each_sentence(tiny_config, num
         expected = model.generate(
             source, num_beams=num_beams, length_penalty=length_penalty, max_length=int(lengths[row]) + 8 + 1
         )
-        assert result == expected[0].tolist()
-    ended_by_eos = [result[-1] == tiny_config.eos_token_id for result in results]
+        assert result[0].token_ids == expected[0].tolist()
+    ended_by_eos = [result[0].token_ids[-1] == tiny_config.eos_token_id for result in results]
     assert any(ended_by_eos) and not all(ended_by_eos)
 
 

@@ -12,7 +12,7 @@ import torch
 from conftest import assert_continues_under_both_cache_names, load_without_the_package
 
 from hf_transformer import TransformerForConditionalGeneration
-from hf_transformer.configuration_transformer import MIN_TRANSFORMERS_VERSION
+from hf_transformer.model.configuration_transformer import MIN_TRANSFORMERS_VERSION
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 # Installs are kept between runs (about 250 MB and 15 s each): a fresh machine downloads them once.

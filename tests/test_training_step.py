@@ -20,12 +20,11 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hf_transformer import loss
-from hf_transformer.errors import ConfigError
-from hf_transformer.loss import linear_cross_entropy, translation_loss
+from hf_transformer.model import loss
+from hf_transformer.model.loss import linear_cross_entropy, translation_loss
 from lightning_modules import TranslationDataModule, TranslationModule
-from lightning_modules.batching import TranslationCollator
-from lightning_modules.module import clips_norm_through_fsdp, fused_adam_allowed, inverse_sqrt_lr_lambda
+from lightning_modules.data.batching import TranslationCollator
+from lightning_modules.module import clips_norm_through_fsdp, fused_adam_allowed
 
 
 def tiny_module(vocab_size: int = 64, **overrides) -> TranslationModule:
@@ -80,7 +79,7 @@ def test_linear_cross_entropy_under_bf16_autocast_projects_in_bf16_and_scores_in
 MEMORY_CHILD = """
 import json, sys, torch, torch.nn.functional as F
 from pathlib import Path
-from hf_transformer.loss import linear_cross_entropy
+from hf_transformer.model.loss import linear_cross_entropy
 
 def peak_rss():
     return next(int(l.split()[1]) * 1024 for l in Path("/proc/self/status").read_text().splitlines()
@@ -126,79 +125,6 @@ def test_translation_loss_is_the_chunked_loss_of_the_target_positions():
     torch.testing.assert_close(translation_loss(hidden, weight, labels, 0.1), expected)
     summed = expected * is_target.sum()
     torch.testing.assert_close(translation_loss(hidden, weight, labels, 0.1, num_items_in_batch=20), summed / 20)
-
-
-def rdrop_reference(logits, logits_pair, labels, label_smoothing, alpha):
-    """R-Drop's loss from its definition (Liang et al. 2021, eq. 3) on full logits, summed over the target tokens."""
-    is_target = labels != -100
-    cross_entropies = sum(
-        F.cross_entropy(z, labels, label_smoothing=label_smoothing, reduction="sum") for z in (logits, logits_pair)
-    )
-    log_p, log_q = logits[is_target].log_softmax(-1), logits_pair[is_target].log_softmax(-1)
-    kl_pq = F.kl_div(log_q, log_p, log_target=True, reduction="sum")  # KL(p || q)
-    kl_qp = F.kl_div(log_p, log_q, log_target=True, reduction="sum")
-    return cross_entropies + alpha / 2 * (kl_pq + kl_qp)
-
-
-@pytest.mark.parametrize("chunk_bytes", [loss.CPU_LOGITS_CHUNK_BYTES, 1000])
-def test_rdrop_loss_equals_its_definition_in_value_and_gradients(monkeypatch, chunk_bytes):
-    """The chunked R-Drop loss with closed-form gradients: the value and gradients of autograd through the two
-    cross-entropies and the symmetric KL of full logits in float64, up to fp32 rounding (the KL of two close
-    distributions is a difference of near-equal sums), with ignored tokens among the targets."""
-    monkeypatch.setattr(loss, "CPU_LOGITS_CHUNK_BYTES", chunk_bytes)
-    torch.manual_seed(0)
-    hidden, hidden_pair = torch.randn(50, 16, requires_grad=True), torch.randn(50, 16, requires_grad=True)
-    weight = torch.randn(37, 16, requires_grad=True)
-    labels = torch.randint(0, 37, (50,))
-    labels[::7] = -100
-    inputs = (hidden, hidden_pair, weight)
-    exact = [tensor.detach().double().requires_grad_() for tensor in inputs]
-    expected = rdrop_reference(exact[0] @ exact[2].T, exact[1] @ exact[2].T, labels, 0.1, alpha=5.0)
-    expected_gradients = torch.autograd.grad(3 * expected, exact)
-    chunked = linear_cross_entropy(hidden, weight, labels, 0.1, hidden_pair=hidden_pair, rdrop_alpha=5.0)
-    torch.testing.assert_close(chunked.double(), expected, rtol=1e-6, atol=0)
-    gradients = torch.autograd.grad(3 * chunked, inputs)
-    for gradient, expected_gradient in zip(gradients, expected_gradients, strict=True):
-        assert (gradient.double() - expected_gradient).norm() < 1e-5 * expected_gradient.norm()
-
-
-def test_rdrop_translation_loss_of_two_identical_passes_is_the_plain_loss():
-    """Without dropout the two passes agree, the KL term is zero, and the loss per target token is the plain one;
-    a batch whose halves are not the same pairs is refused."""
-    torch.manual_seed(0)
-    hidden, weight = torch.randn(3, 5, 8), torch.randn(11, 8)
-    labels = torch.randint(0, 11, (3, 5))
-    labels[0, 3:] = labels[2, 1] = -100
-    doubled = translation_loss(torch.cat([hidden, hidden]), weight, torch.cat([labels, labels]), 0.1, rdrop_alpha=5.0)
-    torch.testing.assert_close(doubled, translation_loss(hidden, weight, labels, 0.1))
-    with pytest.raises(ValueError, match="second half repeats its first"):
-        translation_loss(torch.cat([hidden, hidden]), weight, torch.cat([labels, labels.flip(0)]), 0.1, rdrop_alpha=5.0)
-
-
-def test_rdrop_training_step_runs_each_pair_under_two_dropout_masks():
-    """The module's R-Drop loss: equal to the plain loss with dropout off; with dropout on, its KL term is the
-    divergence of two different passes (positive), and every parameter gets a finite gradient."""
-    batch = padded_batch()
-    torch.manual_seed(0)
-    plain, rdrop = tiny_module(), tiny_module(rdrop_alpha=5.0)
-    rdrop.model.load_state_dict(plain.model.state_dict())
-    plain.eval()
-    rdrop.eval()
-    torch.testing.assert_close(rdrop.training_loss(batch), plain.training_loss(batch))
-    rdrop.train()
-    torch.manual_seed(1)
-    loss_with_kl = rdrop.training_loss(batch)
-    torch.manual_seed(1)  # the same two passes (the same dropout draws), the KL term left out
-    doubled = {name: torch.cat([batch[name], batch[name]]) for name in ("input_ids", "attention_mask", "labels")}
-    loss_without_kl = rdrop.model(**doubled).loss
-    assert loss_with_kl > loss_without_kl
-    loss_with_kl.backward()
-    assert all(torch.isfinite(p.grad).all() for p in rdrop.parameters() if p.requires_grad)
-
-
-def test_negative_rdrop_alpha_is_refused_naming_the_setting():
-    with pytest.raises(ConfigError, match="model.rdrop_alpha=-1.0 must be at least 0"):
-        tiny_module(rdrop_alpha=-1.0)
 
 
 def test_the_training_loss_compiles_into_one_graph():
@@ -328,35 +254,9 @@ def test_learning_rate_of_each_update_is_the_schedules_formula(peak):
     assert max(learning_rates, key=learning_rates.get) == warmup
 
 
-def test_cooldown_decays_the_schedule_linearly_to_zero_at_max_steps():
-    """With cooldown_steps, the inverse square root holds until `cooldown_steps` before trainer.max_steps, then the
-    rate falls on a straight line to 0 at the last update; a cool-down that would overlap the warm-up is refused."""
-    warmup, cooldown, max_steps = 10, 20, 50
-    module = tiny_module(warmup_steps=warmup, peak_lr=3e-3, cooldown_steps=cooldown)
-    module.trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_checkpointing=False)
-    optimization = module.configure_optimizers()
-    optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
-    learning_rates = []
-    for _ in range(max_steps):
-        learning_rates.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        scheduler.step()
-    inverse_sqrt = inverse_sqrt_lr_lambda(3e-3, warmup)
-    start = max_steps - cooldown
-    assert learning_rates[:start] == pytest.approx([inverse_sqrt(step) for step in range(start)], rel=1e-12)
-    decay = learning_rates[start:]
-    steps = torch.diff(torch.tensor(decay, dtype=torch.float64))
-    assert torch.allclose(steps, steps[0].expand_as(steps), rtol=1e-9)  # a straight line...
-    assert learning_rates[-1] == pytest.approx(-steps[0].item(), rel=1e-9)  # ...whose next update would be at 0
-
-    module.trainer = pl.Trainer(max_steps=warmup + cooldown - 1, logger=False, enable_checkpointing=False)
-    with pytest.raises(ConfigError, match="model.cooldown_steps=20 needs trainer.max_steps"):
-        module.configure_optimizers()
-
-
 def test_throughput_reads_nothing_from_the_device_between_the_steps_that_log(monkeypatch):
     """The counts stay on the device: no tensor is read to the host (nor the GPU synchronized) until a step logs."""
-    from lightning_modules import callbacks
+    from lightning_modules.callbacks import throughput as callbacks
 
     monkeypatch.setattr(callbacks, "get_available_flops", lambda device, dtype: 1e12)  # so MFU is counted too
     logged = {}

@@ -13,9 +13,9 @@ import torch
 from conftest import DEMO, make_tiny_config
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline, translate
-from hf_transformer.attention import alignment, attention_maps, format_alignment
+from hf_transformer.decoding import SourceTruncatedWarning, translate_hypotheses
+from hf_transformer.decoding.attention_maps import alignment, attention_maps, format_alignment
 from hf_transformer.errors import TranslationInputError
-from hf_transformer.translate import SourceTruncatedWarning, translate_hypotheses
 from lightning_modules.checkpoint import tokenizer_state
 from lightning_modules.cli import main
 
@@ -32,7 +32,7 @@ def tiny_model(tokenizer, **overrides) -> TransformerForConditionalGeneration:
 
 def test_n_best_equals_generate_with_num_return_sequences(tiny_tokenizer):
     model = tiny_model(tiny_tokenizer).double()  # float64: one algorithm on both sides, no near ties
-    results = translate_hypotheses(
+    results = translate(
         model, tiny_tokenizer, SENTENCES[1:], num_beams=4, num_return_sequences=3, max_length_offset=6, max_tokens=40
     )
     for sentence, hypotheses in zip(SENTENCES[1:], results, strict=True):
@@ -80,11 +80,24 @@ def test_wrong_input_gives_a_clear_error_or_a_sensible_result(tiny_tokenizer):
     with pytest.raises(TranslationInputError, match="sentence 1 is a int"):
         translate(model, tiny_tokenizer, ["a dog", 17])
     with pytest.raises(TranslationInputError, match="num_return_sequences=3 must be between 1 and num_beams=2"):
-        translate_hypotheses(model, tiny_tokenizer, ["a dog"], num_beams=2, num_return_sequences=3)
+        translate(model, tiny_tokenizer, ["a dog"], num_beams=2, num_return_sequences=3)
     pipeline = TranslationPipeline(model=model, tokenizer=tiny_tokenizer)
     assert pipeline([]) == []
     with pytest.warns(UserWarning, match="cut to 5 tokens"):
         pipeline(["two men play music on the grass"], max_source_length=5, max_new_tokens=2)
+
+
+def test_the_names_of_0_3_still_work_and_warn(tiny_tokenizer):
+    """translate_hypotheses() and hf_transformer.attention were renamed in 0.4: they still work, with a warning that
+    names the new place."""
+    model = tiny_model(tiny_tokenizer)
+    with pytest.warns(FutureWarning, match=r"translate\(model, tokenizer, sentences, num_return_sequences=n\)"):
+        old = translate_hypotheses(model, tiny_tokenizer, SENTENCES, num_beams=2, num_return_sequences=2)
+    assert old == translate(model, tiny_tokenizer, SENTENCES, num_beams=2, num_return_sequences=2)
+    sys.modules.pop("hf_transformer.attention", None)
+    with pytest.warns(FutureWarning, match="hf_transformer.attention moved to hf_transformer.decoding"):
+        from hf_transformer.attention import attention_maps as old_attention_maps
+    assert old_attention_maps is attention_maps
 
 
 # --- attention weights ------------------------------------------------------------------------------------------
@@ -94,7 +107,7 @@ def test_attention_maps_are_distributions_over_real_tokens_with_the_future_maske
     model = tiny_model(tiny_tokenizer)
     config = model.config
     maps = attention_maps(model, tiny_tokenizer, SENTENCES, num_beams=2, max_length_offset=5)
-    translations = translate_hypotheses(model, tiny_tokenizer, SENTENCES, num_beams=2, max_length_offset=5)
+    translations = translate(model, tiny_tokenizer, SENTENCES, num_beams=2, max_length_offset=5, num_return_sequences=1)
     for sentence, sentence_maps, best in zip(SENTENCES, maps, translations, strict=True):
         source = tiny_tokenizer(sentence)["input_ids"]
         target = len(best[0].token_ids) - 1  # the produced tokens: all but the start token
@@ -140,7 +153,7 @@ def test_alignment_pairs_each_target_token_with_its_most_attended_source_token(t
 
 def test_plots_have_tokens_on_their_axes(tiny_tokenizer, tmp_path):
     pytest.importorskip("matplotlib", reason="plotting needs matplotlib: pip install 'hf-transformer[plot]'")
-    from hf_transformer.attention import plot_attention, plot_attention_heads
+    from hf_transformer.decoding.attention_maps import plot_attention, plot_attention_heads
 
     model = tiny_model(tiny_tokenizer)
     (maps,) = attention_maps(model, tiny_tokenizer, ["a dog runs"], [[1, 10, 11, 2]])
@@ -215,7 +228,7 @@ def test_translate_command_n_best_alignments_and_reference(checkpoint, tmp_path,
     captured = capsys.readouterr()
     rows = [line.split(" ||| ") for line in captured.out.splitlines()]
     assert [int(row[0]) for row in rows] == [0, 0, 0, 1, 1, 1]
-    expected = translate_hypotheses(model, tokenizer, lines, num_return_sequences=3)
+    expected = translate(model, tokenizer, lines, num_return_sequences=3)
     for index, hypotheses in enumerate(expected):
         mine = rows[3 * index : 3 * index + 3]
         assert [row[1] for row in mine] == [hypothesis.text for hypothesis in hypotheses]
@@ -364,9 +377,10 @@ def test_translate_command_into_a_closed_pipe_ends_quietly(checkpoint, tmp_path,
 
 
 def test_a_folder_without_its_tokenizer_is_named_with_the_fix(checkpoint, tmp_path, capsys):
-    from lightning_modules.checkpoint import export, load_checkpoint
+    from lightning_modules.checkpoint import load_checkpoint
+    from lightning_modules.export import export_checkpoint
 
-    folder = export(load_checkpoint(checkpoint), tmp_path / "exported")
+    folder = export_checkpoint(load_checkpoint(checkpoint), tmp_path / "exported")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (folder / name).unlink()
     with pytest.raises(SystemExit):
@@ -380,7 +394,7 @@ def test_an_export_appears_whole_or_not_at_all(checkpoint, tmp_path, capsys, mon
     """A kill -9 midway left a folder of config and weights that `push` published. Now the export is written into a
     hidden folder beside, renamed into place when whole: while it is written, the folder's name holds nothing (or the
     previous export, with --overwrite), and a failure leaves that as it was."""
-    import lightning_modules.checkpoint
+    import lightning_modules.export
 
     folder = tmp_path / "exported"
     seen = []
@@ -390,7 +404,7 @@ def test_an_export_appears_whole_or_not_at_all(checkpoint, tmp_path, capsys, mon
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(lightning_modules.checkpoint, "write_model_card", killed)
+        patch.setattr(lightning_modules.export, "write_model_card", killed)
         with pytest.raises(KeyboardInterrupt):
             main(["export", str(checkpoint), str(folder)])
     assert seen[0][0] is False and "model.safetensors" in seen[0][1] and "tokenizer.json" in seen[0][1]
@@ -401,7 +415,7 @@ def test_an_export_appears_whole_or_not_at_all(checkpoint, tmp_path, capsys, mon
     (folder / "notes.txt").write_text("mine")
     before = {path.name: path.read_bytes() for path in folder.iterdir()}
     with monkeypatch.context() as patch:
-        patch.setattr(lightning_modules.checkpoint, "write_model_card", killed)
+        patch.setattr(lightning_modules.export, "write_model_card", killed)
         with pytest.raises(KeyboardInterrupt):
             main(["export", str(checkpoint), str(folder), "--overwrite"])
     assert seen[1][0] == sorted(before)
@@ -416,10 +430,11 @@ def test_an_export_appears_whole_or_not_at_all(checkpoint, tmp_path, capsys, mon
 
 
 def test_translate_command_reads_exported_and_ctranslate2_folders(checkpoint, tmp_path, capsys):
-    from lightning_modules.checkpoint import export, load_checkpoint
+    from lightning_modules.checkpoint import load_checkpoint
+    from lightning_modules.export import export_checkpoint
 
     model, tokenizer = reference_model(checkpoint)
-    export(load_checkpoint(checkpoint), tmp_path / "exported")
+    export_checkpoint(load_checkpoint(checkpoint), tmp_path / "exported")
     (tmp_path / "in.txt").write_text("\n".join(SENTENCES) + "\n")
     main(["translate", str(tmp_path / "exported"), str(tmp_path / "in.txt")])
     assert capsys.readouterr().out.splitlines() == translate(model, tokenizer, SENTENCES)
@@ -472,7 +487,7 @@ def test_help_lists_the_commands_of_a_trained_model(capsys):
 ATTENTION_RUN = """
 trainer:
   callbacks:
-    - class_path: lightning_modules.attention_callback.AttentionMap
+    - class_path: lightning_modules.callbacks.attention_map.AttentionMap
   enable_progress_bar: false
   enable_model_summary: false
   num_sanity_val_steps: 1
@@ -502,7 +517,7 @@ def test_with_a_wandb_logger_the_map_is_a_wandb_image(tiny_tokenizer, monkeypatc
 
     from lightning.pytorch.loggers import WandbLogger
 
-    from lightning_modules.attention_callback import AttentionMap
+    from lightning_modules.callbacks.attention_map import AttentionMap
 
     logged = []
     monkeypatch.setattr(WandbLogger, "log_image", lambda self, key, images, step, **kwargs: logged.append((key, step)))

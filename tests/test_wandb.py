@@ -21,8 +21,9 @@ from conftest import tiny_data, tiny_module
 from lightning.pytorch.callbacks import LearningRateMonitor
 from wandb.proto import wandb_internal_pb2
 
-from lightning_modules.callbacks import AutoWandbLogger
-from lightning_modules.module import NUM_LOGGED_SAMPLES, inverse_sqrt_lr_lambda
+from lightning_modules.loggers import AutoWandbLogger
+from lightning_modules.module import NUM_LOGGED_SAMPLES
+from lightning_modules.schedules import inverse_sqrt_lr_lambda
 
 # --- the run file ------------------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Convert a trained model into a CTranslate2 model, and translate with it as `hf_transformer.translate` does.
+"""Convert a trained model into a CTranslate2 model, and translate with it as `hf_transformer.decoding.translate` does.
 
 The model goes through its stock Marian equivalent (`to_marian`) and a loader of CTranslate2's Transformers
 converter, though not its Marian loader: that one assumes an OPUS-MT model, whose decoder starts from a zero embedding
@@ -12,13 +12,14 @@ Needs the optional `ctranslate2` package: `pip install 'hf-transformer[ctranslat
 from __future__ import annotations
 
 import copy
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
-from ..modeling_transformer import TransformerForConditionalGeneration
-from ..translate import MAX_LENGTH_OFFSET
+from ..decoding.translate import MAX_LENGTH_OFFSET, check_sentences, prepare_sources
+from ..model import TransformerForConditionalGeneration
 from .marian import to_marian
 
 try:
@@ -102,9 +103,12 @@ class CTranslate2Translator:
         max_length_offset: int = MAX_LENGTH_OFFSET,
         max_tokens: int = 8192,
     ) -> list[str]:
-        """Translate `sentences`, returning translations in the order of the input. Batches hold at most
-        `max_tokens` source tokens counted with padding and beams."""
-        ids = self.tokenizer(sentences, truncation=True, max_length=self.tokenizer.model_max_length)["input_ids"]
+        """Translate `sentences`, returning translations in the order of the input, with `translate()`'s treatment
+        of its input: a blank sentence translates to "", a source longer than the model's positions is cut to them with
+        a `SourceTruncatedWarning`. Batches hold at most `max_tokens` source tokens counted with padding and beams."""
+        check_sentences(sentences)
+        translations = [""] * len(sentences)
+        todo, ids, truncated = prepare_sources(self.tokenizer, sentences, self.tokenizer.model_max_length)
         output_ids = self.generate(
             ids,
             num_beams=num_beams,
@@ -112,7 +116,11 @@ class CTranslate2Translator:
             max_length_offset=max_length_offset,
             max_tokens=max_tokens,
         )
-        return [text.strip() for text in self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)]
+        for index, text in zip(todo, self.tokenizer.batch_decode(output_ids, skip_special_tokens=True), strict=True):
+            translations[index] = text.strip()
+        if truncated:
+            warnings.warn(truncated, stacklevel=2)
+        return translations
 
     def generate(
         self,

@@ -1,5 +1,5 @@
-"""Model folders as users receive them: whole (written beside and renamed into place), readable by whoever the umask
-allows, and in the stock Marian format."""
+"""The "hf-transformer" format, and model folders as users receive them: whole (written beside and renamed into
+place), readable by whoever the umask allows, refused with the fix where a file is missing or wrong."""
 
 import os
 import shutil
@@ -11,26 +11,21 @@ from pathlib import Path
 from huggingface_hub.errors import StrictDataclassError
 from transformers import PreTrainedTokenizerFast
 
-from ..configuration_transformer import TransformerConfig
 from ..errors import ConfigError, DataError, UserError
-from ..modeling_transformer import TransformerForConditionalGeneration
-from .marian import to_marian
-from .model_card import rewrite_model_card
+from ..model import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline
 
 # What `PreTrainedTokenizerFast.from_pretrained` reads: the tokenizer itself, and its class and special tokens (without
 # tokenizer_config.json it loads with no <pad> or </s>).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-def export_marian_from_folder(source: str | Path, folder: str | Path, repo_id: str | None = None) -> Path:
-    """`export_marian` for a folder written by `export`: its card, if it has one, is rendered for Marian."""
-    check_model_folder(source)
-    folder = Path(folder)
-    to_marian(TransformerForConditionalGeneration.from_pretrained(source)).save_pretrained(folder)
-    PreTrainedTokenizerFast.from_pretrained(source).save_pretrained(folder)
-    rewrite_model_card(source, folder, format="marian", repo_id=repo_id)
-    make_shareable(folder)
-    return folder
+def save_model(
+    model: TransformerForConditionalGeneration, tokenizer: PreTrainedTokenizerFast, folder: str | Path
+) -> Path:
+    """The "hf-transformer" format: the model with its code (`auto_map`), the tokenizer, the generation config and
+    the translation pipeline, as `save_pretrained` writes them."""
+    TranslationPipeline(model=model, tokenizer=tokenizer).save_pretrained(folder)
+    return Path(folder)
 
 
 @contextmanager

@@ -15,12 +15,13 @@ difference between the two models besides the order of floating-point operations
 """
 
 import copy
+from pathlib import Path
 
 import torch
-from transformers import MarianConfig, MarianMTModel, PretrainedConfig
+from transformers import MarianConfig, MarianMTModel, PretrainedConfig, PreTrainedTokenizerFast
 
-from ..configuration_transformer import SHAPE_FIELDS, TransformerConfig
-from ..modeling_transformer import TransformerForConditionalGeneration
+from ..model import TransformerConfig, TransformerForConditionalGeneration
+from ..model.configuration_transformer import SHAPE_FIELDS
 
 __all__ = ["check_marian_compatible", "marian_config", "marian_permutation", "to_marian"]
 
@@ -168,8 +169,10 @@ def to_marian(model: TransformerForConditionalGeneration) -> MarianMTModel:
     """A stock `MarianMTModel` (fp32, on the CPU, in eval mode) that computes the same logits as `model` and decodes
     the same tokens with `generate()`, so that the model can be used where `trust_remote_code` is not allowed.
 
-    The generation config (the paper's beam 4, length penalty 0.6, `max_length`, the special ids) is copied, so
-    `generate()` without arguments decodes as ours does. Raises ValueError for models Marian cannot express (pre-LN).
+    The generation config (the paper's beam 4, length penalty 0.6, the output's bound, the special ids) is copied, so
+    `generate()` without arguments decodes as ours does; the bound is a `max_length`, as stock models save it (ours
+    saves `max_new_tokens` and lets a caller's `max_length` replace it, which a stock model would not). Raises
+    ValueError for models Marian cannot express (pre-LN).
     """
     config = model.config
     marian = MarianMTModel(marian_config(config))
@@ -183,4 +186,16 @@ def to_marian(model: TransformerForConditionalGeneration) -> MarianMTModel:
 
     # Replaces the one MarianMTModel derived from its config; ours has no forced_eos_token_id or bad_words_ids.
     marian.generation_config = copy.deepcopy(model.generation_config)
+    if marian.generation_config.max_new_tokens is not None:
+        bound = marian.generation_config.max_new_tokens + 1  # max_length counts the start token
+        marian.generation_config.max_length, marian.generation_config.max_new_tokens = bound, None
     return marian.eval()
+
+
+def save_marian(
+    model: TransformerForConditionalGeneration, tokenizer: PreTrainedTokenizerFast, folder: str | Path
+) -> Path:
+    """The "marian" format: `to_marian(model)` and the tokenizer, which stock transformers loads without remote code."""
+    to_marian(model).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
-from ..modeling_transformer import TransformerForConditionalGeneration
+from ..model import TransformerForConditionalGeneration
 
 try:
     import onnxruntime  # noqa: F401  (the runtime that runs the programs; checked here, not at first use)

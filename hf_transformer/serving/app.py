@@ -17,10 +17,10 @@ from contextlib import asynccontextmanager
 from importlib.resources import files
 from typing import Any
 
-from ..attention import alignment, format_alignment
-from ..engine import MAX_BEAMS, TranslationEngine
+from ..decoding.attention_maps import alignment, format_alignment
+from ..decoding.engine import MAX_BEAMS, TranslationEngine
+from ..decoding.translate import prepare_sources
 from ..errors import MissingExtra, UserError
-from ..translate import prepare_sources
 from .batcher import Batcher, ServerBusy
 
 try:

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..engine import TranslationEngine
-from ..translate import Translation
+from ..decoding.engine import TranslationEngine
+from ..decoding.translate import Translation
 
 T = TypeVar("T")
 

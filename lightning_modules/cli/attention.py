@@ -3,7 +3,7 @@
 import argparse
 from pathlib import Path
 
-from hf_transformer.attention import (
+from hf_transformer.decoding.attention_maps import (
     alignment,
     figure_class,
     format_alignment,

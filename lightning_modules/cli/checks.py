@@ -11,28 +11,46 @@ from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
 
 from hf_transformer.errors import CheckpointNotFound, ConfigError
 
-from ..callbacks import relative_to_cwd
+from ..callbacks.resume import relative_to_cwd
 
 # `ckpt_path` values that Lightning resolves itself rather than reading a file of that name.
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
 EVALUATION_COMMANDS = ("validate", "test", "predict")
 
 
+# Class paths that configs of hf-transformer 0.3 name (its run folders' config.yaml among them), and where the classes
+# are since 0.4.
+MOVED_CLASSES = {
+    "lightning_modules.attention_callback.AttentionMap": "lightning_modules.callbacks.AttentionMap",
+    "lightning_modules.hub_callback.PushToHubCallback": "lightning_modules.callbacks.PushToHubCallback",
+    "lightning_modules.callbacks.AutoWandbLogger": "lightning_modules.loggers.AutoWandbLogger",
+    "hf_transformer.modeling_transformer.": "hf_transformer.model.modeling_transformer.",
+}
+
+
 def check_config_files(args: list[str]) -> None:
-    """Name the --config file that is not valid YAML, and where (jsonargparse's message names no file)."""
+    """Name the --config file that is not valid YAML, and where (jsonargparse's message names no file), or that names
+    a class where an earlier version had it."""
     for option, value in zip(args, [*args[1:], ""], strict=True):
         if option.startswith("--config="):
             option, value = "--config", option.removeprefix("--config=")
         path = Path(value)
         if option != "--config" or not path.is_file():
             continue
+        text = path.read_text()
         try:
-            yaml.safe_load(path.read_text())
+            yaml.safe_load(text)
         except yaml.MarkedYAMLError as error:
             where = f"{path}{_at(error.problem_mark)}: {error.problem}"
             if error.context:
                 where += f" ({error.context}{_at(error.context_mark)})"
             raise ConfigError(f"{where}; fix the YAML syntax there") from error
+        for number, line in enumerate(text.splitlines(), start=1):
+            for old, new in MOVED_CLASSES.items():
+                if old in line:
+                    raise ConfigError(
+                        f"{path}, line {number}: {old} is {new} since hf-transformer 0.4; write that class path there"
+                    )
 
 
 def _at(mark: yaml.Mark | None) -> str:

@@ -2,50 +2,75 @@
 checkpoint, several averaged, or an exported folder."""
 
 import argparse
-import sys
 from pathlib import Path
 
-from transformers import PreTrainedTokenizerFast
-
-from hf_transformer import TransformerForConditionalGeneration
 from hf_transformer.errors import UserError
-from hf_transformer.export.folder import check_model_folder, export_marian_from_folder, written_whole
+from hf_transformer.export import DEFAULT_FORMAT, FORMATS, export_folder
+from hf_transformer.export.folder import written_whole
 
-from ..checkpoint import (
-    average_checkpoints,
-    averaging_span_warning,
-    export,
-    export_marian,
-    last_checkpoints,
-    load_checkpoint,
-    model_from_checkpoint,
-    tokenizer_from_checkpoint,
-)
+from ..export import checkpoint_to_export, export_checkpoint, read_results
 from .models import positive_int
 
 
 def main(argv: list[str]) -> None:
     """`hf-transformer export SOURCE FOLDER [...]`."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    format = FORMATS[args.format]
+    for name in sorted({name for other in FORMATS.values() for name in other.options} - set(format.options)):
+        if getattr(args, name) != parser.get_default(name):
+            takers = " or ".join(other.name for other in FORMATS.values() if name in other.options)
+            parser.error(f"--{name.replace('_', '-')} applies to --format {takers} only")
+    options = {name: getattr(args, name) for name in format.options}
+    target = Path(args.folder)
+    check_output_folder(target, args.overwrite)
+    source = Path(args.checkpoint)
+    from_folder = source.is_dir() and (source / "config.json").exists()
+    if from_folder and format.name == DEFAULT_FORMAT:
+        parser.error(f"{source} is an exported folder already: give a checkpoint, or another --format to convert it")
+    if args.results and not format.has_card:
+        parser.error(f"--results goes into a model card, which --format {format.name} has none of")
+    # The card's snippet loads the folder by its final path, not by the hidden one written first.
+    card = dict(repo_id=str(target.resolve()), results=read_results(args.results) if args.results else None)
+    try:
+        with written_whole(target, keep_other_files=args.overwrite) as folder:
+            if from_folder:
+                export_folder(source, folder, format.name, **card, **options)
+            else:
+                checkpoint = checkpoint_to_export(source, args.average)
+                export_checkpoint(checkpoint, folder, format.name, **card, **options)
+    except (ImportError, ValueError) as err:  # an extra missing, a pre-LN model, an unknown quantization, a length
+        if isinstance(err, UserError):
+            raise
+        raise UserError(str(err)) from err
+    print(f"Exported to {target}")
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf-transformer export",
-        description="Write a Hugging Face folder (model with its code, tokenizer, generation config, pipeline) from a "
-        "training checkpoint, optionally averaging the last N checkpoints of its folder.",
+        description="Write a model folder from a training checkpoint, optionally averaging the last N checkpoints of "
+        "its folder, in one of the formats below; a folder written by export converts into the other formats.",
         allow_abbrev=False,
     )
-    parser.add_argument("checkpoint", help="a .ckpt file (best, last), or with --average the checkpoint folder")
-    parser.add_argument("folder", help="where to write the Hugging Face model folder")
+    parser.add_argument(
+        "checkpoint", help="a .ckpt file (best, last), with --average the checkpoint folder, or an exported folder"
+    )
+    parser.add_argument("folder", help="where to write the model folder")
     parser.add_argument(
         "--average", type=positive_int, default=None, metavar="N", help="average the last N step checkpoints"
     )
     parser.add_argument(
         "--format",
-        choices=["hf-transformer", "marian", "ctranslate2", "onnx"],
-        default="hf-transformer",
-        help="hf-transformer: this model with its code (loads with trust_remote_code=True); marian: the same model as "
-        "a stock MarianMTModel, which loads without remote code (post-LN models only); ctranslate2: a CTranslate2 "
-        "model (post-LN models only; needs pip install 'hf-transformer[ctranslate2]'); onnx: ONNX programs of the "
-        "encoder and the decoder's steps for ONNX Runtime (needs pip install 'hf-transformer[onnx]'). With marian, "
-        "ctranslate2 and onnx, the source may also be an exported folder.",
+        choices=list(FORMATS),
+        default=DEFAULT_FORMAT,
+        help="; ".join(f"{name}: {format.summary}" for name, format in FORMATS.items()),
+    )
+    parser.add_argument(
+        "--results",
+        metavar="JSON",
+        help="scores for the model card's model-index (hf-transformer and marian): the test_scores.json that "
+        "`hf-transformer test` writes",
     )
     parser.add_argument(
         "--quantization", help="with --format ctranslate2: the stored weight type, e.g. int8 (default: float32)"
@@ -65,74 +90,7 @@ def main(argv: list[str]) -> None:
         action="store_true",
         help="write into a folder that is not empty (files of the same names are replaced)",
     )
-    args = parser.parse_args(argv)
-    if args.quantization and args.format != "ctranslate2":
-        parser.error("--quantization applies to --format ctranslate2 only")
-    given = [f"--{name.replace('_', '-')}" for name in ("source_length", "max_length") if getattr(args, name)]
-    if args.format != "onnx" and (given or args.batch_size != 1):
-        parser.error(f"{', '.join(given) or '--batch-size'} applies to --format onnx only")
-    target = Path(args.folder)
-    check_output_folder(target, args.overwrite)
-    source = Path(args.checkpoint)
-    from_folder = args.format != "hf-transformer" and source.is_dir() and (source / "config.json").exists()
-    # The card's snippet loads the folder by its final path, not by the hidden one written first.
-    card_info = dict(repo_id=str(target.resolve()))
-    try:
-        with written_whole(target, keep_other_files=args.overwrite) as folder:
-            if from_folder:
-                checkpoint = None
-            elif args.average:
-                checkpoints = source if source.is_dir() else source.parent
-                checkpoint = average_checkpoints(last_checkpoints(checkpoints, args.average))
-                steps = checkpoint["averaged_steps"]
-                print(f"Averaged {len(steps)} checkpoints of {checkpoints}, steps {', '.join(map(str, steps))}")
-                if warning := averaging_span_warning(steps):
-                    print(f"Warning: {warning}", file=sys.stderr)
-            else:
-                checkpoint = load_checkpoint(source)
-            if args.format == "hf-transformer":
-                export(checkpoint, folder, **card_info)
-            elif args.format == "marian":
-                if from_folder:
-                    export_marian_from_folder(source, folder, **card_info)
-                else:
-                    export_marian(checkpoint, folder, **card_info)
-            elif from_folder:
-                check_model_folder(source)
-                model = TransformerForConditionalGeneration.from_pretrained(source)
-                tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
-                convert(model, tokenizer, folder, args)
-            else:
-                convert(model_from_checkpoint(checkpoint), tokenizer_from_checkpoint(checkpoint), folder, args)
-    except (ImportError, ValueError) as err:  # an extra missing, a pre-LN model, an unknown quantization, a length
-        if isinstance(err, UserError):
-            raise
-        raise UserError(str(err)) from err
-    print(f"Exported to {target}")
-
-
-def convert(
-    model: TransformerForConditionalGeneration,
-    tokenizer: PreTrainedTokenizerFast,
-    folder: Path,
-    args: argparse.Namespace,
-) -> Path:
-    """Write `model` into `folder` in the runtime format `args.format` (ctranslate2, onnx); the converters import
-    their extras."""
-    if args.format == "ctranslate2":
-        from hf_transformer.export.ctranslate2 import to_ctranslate2
-
-        return to_ctranslate2(model, tokenizer, folder, quantization=args.quantization)
-    from hf_transformer.export.onnx import to_onnx
-
-    return to_onnx(
-        model,
-        tokenizer,
-        folder,
-        batch_size=args.batch_size,
-        source_length=args.source_length,
-        max_length=args.max_length,
-    )
+    return parser
 
 
 def check_output_folder(folder: Path, overwrite: bool) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as transformers_logging
 
-from hf_transformer.engine import TranslationEngine
+from hf_transformer.decoding.engine import TranslationEngine
 from hf_transformer.errors import UserError
 
 
@@ -78,25 +78,9 @@ def load_engine(source: str, average: int | None = None, device: str = "cpu") ->
             )
         return TranslationEngine.from_pretrained(source, device=device)
     # Imported here: Lightning takes seconds to import, and an exported model does not need it.
-    from ..checkpoint import (
-        average_checkpoints,
-        last_checkpoints,
-        load_checkpoint,
-        model_from_checkpoint,
-        tokenizer_from_checkpoint,
-    )
+    from ..checkpoint import model_from_checkpoint, tokenizer_from_checkpoint
+    from ..export import checkpoint_to_export
 
-    if average:
-        folder = path if path.is_dir() else path.parent
-        try:
-            checkpoint = average_checkpoints(last_checkpoints(folder, average))
-        except ValueError as err:  # too few readable checkpoints
-            if isinstance(err, UserError):
-                raise
-            raise UserError(str(err)) from err
-        steps = checkpoint["averaged_steps"]
-        print(f"Averaged {len(steps)} checkpoints of {folder}, steps {', '.join(map(str, steps))}", file=sys.stderr)
-    else:
-        checkpoint = load_checkpoint(path)
+    checkpoint = checkpoint_to_export(path, average, report=sys.stderr)  # standard output holds the translations
     model = model_from_checkpoint(checkpoint).to(device)
     return TranslationEngine(tokenizer_from_checkpoint(checkpoint), model=model, name=source)

@@ -14,11 +14,13 @@ from typing import Any
 from huggingface_hub import CommitInfo
 
 from hf_transformer.errors import HubError
-from hf_transformer.export.folder import export_marian_from_folder, link_or_copy
-from hf_transformer.export.hub import check_export_folder, check_repo_id, find_token, push_folder
-from hf_transformer.export.model_card import CARD_FORMATS, CARD_NAME, rewrite_model_card
+from hf_transformer.export import DEFAULT_FORMAT, export_folder
+from hf_transformer.export.folder import link_or_copy
+from hf_transformer.hub.model_card import CARD_FORMATS, CARD_NAME, rewrite_model_card
+from hf_transformer.hub.push import check_export_folder, check_repo_id, find_token, push_folder
 
-from ..checkpoint import export, export_marian, load_checkpoint
+from ..export import checkpoint_to_export, export_checkpoint, read_results
+from .models import positive_int
 
 
 def push_source(
@@ -32,13 +34,15 @@ def push_source(
     results: dict[str, float] | None = None,
     wandb_url: str | None = None,
     format: str = "hf-transformer",
+    average: int | None = None,
 ) -> CommitInfo:
-    """Push a training checkpoint (exported with its model card into a temporary folder first) or a folder written by
-    `hf-transformer export` (pushed through a temporary view whose card names `repo_id`; the folder is only read).
+    """Push a training checkpoint (exported with its model card into a temporary folder first), the average of the
+    last `average` checkpoints of a checkpoint folder, or a folder written by `hf-transformer export` (pushed through a
+    temporary view whose card names `repo_id`; the folder is only read).
 
     `format` "marian" pushes the model as a stock `MarianMTModel` (converted from a checkpoint or an hf-transformer
     folder; a Marian folder is pushed as it is). `results` (logged metric name -> value, e.g. `test_scores.json` of
-    `hf-transformer test`) and `wandb_url` go into the card of a checkpoint. Every failure is a `HubError`.
+    `hf-transformer test`) and `wandb_url` go into the model card. Every failure is a `HubError`.
     """
     source = Path(source)
     check_repo_id(repo_id)
@@ -50,22 +54,16 @@ def push_source(
         )
     if format not in CARD_FORMATS:
         raise HubError(f"Unknown format {format!r}: push one of {', '.join(CARD_FORMATS)}.")
-    if source.is_dir() and (results or wandb_url):
-        raise HubError(
-            f"{source} is an exported folder with its model card already written: --results and --wandb-url only "
-            "apply to a checkpoint. Push the checkpoint instead, or edit the folder's README.md."
-        )
+    exported_folder = source.is_dir() and not average
     with tempfile.TemporaryDirectory(prefix="hf-transformer-push-") as tmp:
         staged = Path(tmp) / (source.name if source.is_dir() else source.stem)
         card_info = dict(repo_id=repo_id, results=results, wandb_url=wandb_url)
         try:
-            if source.is_dir():
-                _stage_export_folder(source, staged, repo_id, format)
-            elif format == "marian":
-                export_marian(_read_checkpoint(source), staged, **card_info)
+            if exported_folder:
+                _stage_export_folder(source, staged, format, **card_info)
             else:
-                export(_read_checkpoint(source), staged, **card_info)
-        except ValueError as err:  # a model Marian cannot express
+                export_checkpoint(_read_checkpoint(source, average), staged, format, **card_info)
+        except ValueError as err:  # a model Marian cannot express, a folder without the facts of its card
             raise HubError(f"Cannot push {source} as {format}: {err}") from err
         try:
             return push_folder(
@@ -85,7 +83,7 @@ def push_source(
 def main(argv: list[str]) -> None:
     """`hf-transformer push SOURCE REPO_ID [...]`."""
     args = _push_parser().parse_args(argv)
-    results = _read_results(Path(args.results)) if args.results else None
+    results = read_results(args.results) if args.results else None
     commit = push_source(
         args.source,
         args.repo_id,
@@ -96,6 +94,7 @@ def main(argv: list[str]) -> None:
         results=results,
         wandb_url=args.wandb_url,
         format=args.format,
+        average=args.average,
     )
     where = f"pull request {commit.pr_url}" if commit.pr_url else f"commit {commit}"
     print(f"Pushed {args.source} to {args.repo_id}: {where}")
@@ -107,14 +106,22 @@ def _push_parser() -> argparse.ArgumentParser:
         description="Push a model to the Hugging Face Hub: a training checkpoint (exported first, with its model card) "
         "or a folder written by `hf-transformer export`. The token comes from HF_TOKEN or `hf auth login`.",
     )
-    parser.add_argument("source", help="a .ckpt file written by training, or an exported model folder")
+    parser.add_argument(
+        "source",
+        help="a .ckpt file written by training, with --average the folder of the checkpoints, or an exported folder",
+    )
+    parser.add_argument(
+        "--average", type=positive_int, metavar="N", help="push the average of the last N step checkpoints"
+    )
     parser.add_argument("repo_id", help="the Hub repo, 'namespace/name' (created if missing)")
     parser.add_argument("--private", action="store_true", help="create the repo private (an existing one is kept)")
     parser.add_argument("--revision", "--branch", help="push to this branch (created from main) or to refs/pr/N")
     parser.add_argument("--commit-message", help="the commit message (default: 'Upload <source> with hf-transformer')")
     parser.add_argument("--create-pr", action="store_true", help="open a pull request against main instead")
     parser.add_argument(
-        "--results", metavar="JSON", help="scores for the model card, e.g. test_scores.json of `hf-transformer test`"
+        "--results",
+        metavar="JSON",
+        help="scores for the model card's model-index: the test_scores.json that `hf-transformer test` writes",
     )
     parser.add_argument("--wandb-url", help="link of the training run's W&B page, for the model card")
     parser.add_argument(
@@ -127,33 +134,25 @@ def _push_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_checkpoint(path: Path) -> dict[str, Any]:
+def _read_checkpoint(path: Path, average: int | None) -> dict[str, Any]:
     try:
-        return load_checkpoint(path)
+        return checkpoint_to_export(path, average)
     except (OSError, ValueError, RuntimeError, pickle.UnpicklingError) as err:
         raise HubError(f"Cannot push {path}: not a checkpoint written by TranslationModule ({err}).") from err
 
 
-def _read_results(path: Path) -> dict[str, float]:
-    try:
-        results = json.loads(path.read_text(encoding="utf-8"))
-        return {str(name): float(value) for name, value in results.items()}
-    except (OSError, ValueError, TypeError, AttributeError) as err:
-        raise HubError(f"--results {path}: expected a JSON object of metric name -> number ({err}).") from err
-
-
-def _stage_export_folder(source: Path, staged: Path, repo_id: str, format: str) -> None:
+def _stage_export_folder(source: Path, staged: Path, format: str, **card_info: Any) -> None:
     """The folder to push for an exported `source`: a view of it, or its Marian conversion, with the card (if it has
-    one) rendered for `repo_id`."""
+    one) rendered for `card_info` (`repo_id`, `results`, `wandb_url`)."""
     check_export_folder(source, tokenizer=True)
-    source_format = "marian" if _model_type(source) == "marian" else "hf-transformer"
-    if format == "marian" and source_format == "hf-transformer":
-        export_marian_from_folder(source, staged, repo_id=repo_id)
+    source_format = "marian" if _model_type(source) == "marian" else DEFAULT_FORMAT
+    if format == "marian" and source_format == DEFAULT_FORMAT:
+        export_folder(source, staged, format, **card_info)
         return
     if format != source_format:
         raise HubError(f"{source} holds a stock Marian model: push it with --format marian.")
     _stage_folder(source, staged)
-    rewrite_model_card(source, staged, format=format, repo_id=repo_id)
+    rewrite_model_card(source, staged, format=format, **card_info)
 
 
 def _model_type(folder: Path) -> str | None:

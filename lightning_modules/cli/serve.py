@@ -3,8 +3,8 @@
 import argparse
 import warnings
 
+from hf_transformer.decoding.translate import SourceTruncatedWarning
 from hf_transformer.errors import MissingExtra
-from hf_transformer.translate import SourceTruncatedWarning
 
 from .models import add_model_arguments, load_engine, positive_int, whole_number
 

@@ -17,13 +17,18 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from hf_transformer import TransformerConfig
 from hf_transformer.errors import ConfigError, UserError
-from hf_transformer.export.folder import saved_config
 from hf_transformer.scoring import format_scores, translation_scores
 
 from ..callbacks import LineProgress, ResumableCheckpoint
 from ..checkpoint import read_checkpoint
 from ..data import TranslationDataModule
-from ..module import TranslationModule, check_module_arguments, check_resumable
+from ..module import (
+    TranslationModule,
+    check_module_arguments,
+    check_resumable,
+    model_config,
+    retired_arguments_dropped,
+)
 from .checks import check_config_files, check_devices, check_last_checkpoint, check_model_source
 
 
@@ -48,6 +53,14 @@ class TranslationArgumentParser(LightningArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    def parse_object(self, cfg_obj: Any, *args: Any, **kwargs: Any) -> Namespace:
+        """LightningCLI parses a --ckpt_path file's module arguments with this: arguments that 0.4 retired are left
+        out where they were off (`check_resumable` refused the others), so that a 0.3 checkpoint resumes."""
+        for command in cfg_obj.values() if isinstance(cfg_obj, dict) else ():
+            if isinstance(command, dict) and isinstance(command.get("model"), dict):
+                command["model"] = retired_arguments_dropped(command["model"])
+        return super().parse_object(cfg_obj, *args, **kwargs)
+
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # a tentative parse inside jsonargparse, which catches the error
             super().error(message, ex)
@@ -70,11 +83,7 @@ class TranslationArgumentParser(LightningArgumentParser):
 
 def model_positions(preset: str, config: dict[str, Any] | None, init_from: str | None) -> int:
     """The number of positions of the model that `TranslationModule` builds from these settings."""
-    if init_from is not None:
-        return saved_config(init_from).max_position_embeddings
-    if config and "max_position_embeddings" in config:
-        return config["max_position_embeddings"]
-    return TransformerConfig.from_preset(preset).max_position_embeddings
+    return model_config(preset, config, init_from).max_position_embeddings
 
 
 def place_in_run_folder(config: Namespace) -> None:
@@ -179,7 +188,7 @@ class TranslationCLI(LightningCLI):
     def after_test(self) -> None:
         """Write the test hypotheses, one per line in test-set order, and every score a paper might report (each
         labelled with how it was computed, `hf_transformer.scoring`) next to them, and print the scores."""
-        hypotheses, references = self.model.gathered_test_translations()
+        hypotheses, references = self.model.test_translations
         if not self.trainer.is_global_zero:
             return
         folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)

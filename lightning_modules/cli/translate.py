@@ -13,11 +13,11 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from hf_transformer.attention import alignment, format_alignment
-from hf_transformer.engine import TranslationEngine
+from hf_transformer.decoding.attention_maps import alignment, format_alignment
+from hf_transformer.decoding.engine import TranslationEngine
+from hf_transformer.decoding.translate import SourceTruncatedWarning, Translation, truncation_message
 from hf_transformer.errors import DataError, UserError
 from hf_transformer.export.folder import umask_mode
-from hf_transformer.translate import SourceTruncatedWarning, Translation, truncation_message
 
 from .models import add_model_arguments, load_engine
 

@@ -3,7 +3,7 @@
 Each class maps onto a part of the paper, in its order: attention (eq. 1, 3.2), feed-forward (eq. 2), "Add & Norm",
 positional encoding (3.5), encoder and decoder layers and stacks (3.1), the models and their loss (3.4, 5.4). The
 plumbing (attention backends, masks, cache, generation, save/load) is Hugging Face's. Layers take the paper's
-arguments (hidden states, mask, cache); the mask's type, `PackedMask` (`efficiency.py`), lets them skip padding.
+arguments (hidden states, mask, cache); the mask's type, `PackedMask` (`speed.py`), lets them skip padding.
 """
 
 import math
@@ -26,12 +26,13 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
+from transformers.utils.generic import merge_with_config_defaults
 
 from .compat import CACHE_NAME, accepts_past_key_values
 from .configuration_transformer import TransformerConfig
-from .efficiency import PackedMask, apply_dropout, reorder_self_attention_cache, training_flops
 from .integrity import VerifiedLoading, check_positions, check_token_ids
 from .loss import IGNORE_INDEX, shift_tokens_right, target_span, translation_loss
+from .speed import PackedMask, apply_dropout
 
 
 def scaled_dot_product_attention(
@@ -294,19 +295,13 @@ class TransformerPreTrainedModel(VerifiedLoading, PreTrainedModel):
             super()._init_weights(module)
 
 
-def _resolve(flag: bool | None, config: TransformerConfig, name: str) -> bool:
-    return getattr(config, name) if flag is None else flag
-
-
 class TransformerStack(nn.Module):
     """What the encoder and decoder share: token embeddings * sqrt(d_model) + positional encodings, then dropout
-    (3.4, 3.5, 5.4), N layers, and a final LayerNorm when pre-LN. `token_dropout` zeroes whole token embeddings in
-    training (word dropout; the encoder's is `config.source_token_dropout`)."""
+    (3.4, 3.5, 5.4), N layers, and a final LayerNorm when pre-LN."""
 
-    def __init__(self, config: TransformerConfig, layers: list[nn.Module], token_dropout: float = 0.0):
+    def __init__(self, config: TransformerConfig, layers: list[nn.Module]):
         super().__init__()
         self.config = config
-        self.token_dropout = token_dropout
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.positional_encoding = SinusoidalPositionalEncoding(config.max_position_embeddings, config.d_model)
@@ -322,9 +317,6 @@ class TransformerStack(nn.Module):
             if not isinstance(past_length, torch.Tensor) and past_length == 0:  # later steps feed back predictions
                 check_token_ids(input_ids, self.embed_tokens.weight.shape[0])
             inputs_embeds = self.embed_tokens(input_ids)
-        if self.token_dropout and self.training:  # one draw per token, shared by its d_model features
-            keep = inputs_embeds.new_ones(inputs_embeds.shape[:-1] + (1,))
-            inputs_embeds = inputs_embeds * apply_dropout(keep, p=self.token_dropout, training=True)
         length = inputs_embeds.shape[1]
         check_positions(past_length + length, self.config.max_position_embeddings, self.positions_of)
         positions = self.positional_encoding(torch.arange(length, device=inputs_embeds.device) + past_length)
@@ -341,8 +333,10 @@ class TransformerStack(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None, list[tuple[torch.Tensor, ...] | None]]:
         """The N layers (3.1) on the packed tokens, then pre-LN's final LayerNorm. Returns the output, every layer's
         input and the output, and the attention weights of each kind (self, cross) over the layers (each if asked)."""
-        output_attentions = _resolve(output_attentions, self.config, "output_attentions")
-        output_hidden_states = _resolve(output_hidden_states, self.config, "output_hidden_states")
+        if output_attentions is None:
+            output_attentions = self.config.output_attentions
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
         all_hidden_states, all_weights = [], []
         hidden_states = mask.pack(hidden_states)
         for layer in self.layers:
@@ -361,9 +355,7 @@ class TransformerEncoder(TransformerStack):
     positions_of = "the source"
 
     def __init__(self, config: TransformerConfig):
-        super().__init__(
-            config, [EncoderLayer(config) for _ in range(config.encoder_layers)], config.source_token_dropout
-        )
+        super().__init__(config, [EncoderLayer(config) for _ in range(config.encoder_layers)])
 
     @can_return_tuple
     def forward(
@@ -394,6 +386,7 @@ class TransformerDecoder(TransformerStack):
 
     @accepts_past_key_values
     @can_return_tuple
+    @merge_with_config_defaults
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -410,7 +403,7 @@ class TransformerDecoder(TransformerStack):
         (zeros in the output): under the causal mask no earlier position depends on them."""
         if encoder_hidden_states is None:
             raise ValueError("The decoder attends to the encoder output: pass encoder_hidden_states.")
-        if not _resolve(use_cache, self.config, "use_cache"):
+        if not use_cache:  # the config's use_cache where None (`merge_with_config_defaults`)
             cache = None
         elif cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
@@ -521,20 +514,31 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         self.model = TransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
-        # The paper's decoding (6.1), saved with the model (generation_config.json) unless a trainer sets others.
+        # The paper's decoding (6.1), saved with the model (generation_config.json) unless a trainer sets others. The
+        # output's bound is a number of new tokens (the start token takes a position), so that a caller's own
+        # max_new_tokens replaces it: with a saved max_length, transformers warns that both are set at every call.
         self.generation_config.num_beams = 4
         self.generation_config.length_penalty = 0.6
-        self.generation_config.max_length = min(256, config.max_position_embeddings)
+        self.generation_config.max_new_tokens = min(256, config.max_position_embeddings) - 1
+
+    def generate(self, *args, **kwargs):
+        """`GenerationMixin.generate`, where a caller's `max_length` (an argument, or in a `generation_config` passed
+        in) bounds the output in place of the saved `max_new_tokens`, which transformers would let win."""
+        passed = kwargs.get("generation_config")
+        if "max_new_tokens" not in kwargs and (kwargs.get("max_length") or getattr(passed, "max_length", None)):
+            kwargs["max_new_tokens"] = None
+        return super().generate(*args, **kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
-    def training_flops(self, source_lengths: torch.Tensor, target_lengths: torch.Tensor) -> torch.Tensor:
-        """Model FLOPs of a training step on pairs of these lengths, the numerator of MFU (see `efficiency.py`)."""
-        return training_flops(self.config, source_lengths, target_lengths)
-
-    # Beam search in `generate()` calls this at every step to make the cache follow the surviving beams.
-    _reorder_cache = staticmethod(reorder_self_attention_cache)
+    @staticmethod
+    def _reorder_cache(cache: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
+        """Beam search in `generate()` calls this at every step: only the self-attention cache follows the surviving
+        beams. A beam only ever continues a beam of its own sentence, and all beams of a sentence hold the same encoder
+        keys and values, so reordering those would copy them for nothing."""
+        cache.self_attention_cache.reorder_cache(beam_idx)
+        return cache
 
     @accepts_past_key_values
     @can_return_tuple
@@ -555,20 +559,22 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
         label_smoothing: float | None = None,
-        rdrop_alpha: float = 0.0,
         return_logits: bool | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput:
-        r"""
-        labels: target ids [batch, target_length], -100 where nothing counts in the loss; without a
-            `decoder_attention_mask`, the decoder stops at each row's last target token (`target_span`).
-        logits_to_keep: the positions to project onto the vocabulary: the last n for an int n (0: all), or a 1D tensor.
-        num_items_in_batch: target tokens of all accumulated micro-batches (the Hugging Face Trainer passes it): the
-            summed loss is divided by it instead of by this batch's, so that every token weighs equally.
-        label_smoothing: this call's epsilon_ls instead of `config.label_smoothing` (0.0: the plain log-likelihood).
-        rdrop_alpha: R-Drop's weight of the symmetric KL divergence between the two halves of a batch that holds every
-            pair twice (`translation_loss`); 0: the plain loss.
-        return_logits: with `labels`, logits are computed only when asked (the loss never holds them all, `loss.py`).
+        r"""The arguments of Hugging Face's encoder-decoder models, and:
+
+        Args:
+            labels: target ids [batch, target_length], -100 where nothing counts in the loss; without a
+                `decoder_attention_mask`, the decoder stops at each row's last target token (`target_span`).
+            logits_to_keep: the positions to project onto the vocabulary: the last n for an int n (0: all), or a 1D
+                tensor.
+            num_items_in_batch: target tokens of all accumulated micro-batches (the Hugging Face Trainer passes it):
+                the summed loss is divided by it instead of by this batch's, so that every token weighs equally.
+            label_smoothing: this call's epsilon_ls instead of `config.label_smoothing` (0.0: the plain
+                log-likelihood).
+            return_logits: with `labels`, logits are computed only when asked (the loss never holds them all,
+                `loss.py`).
         """
         if labels is not None:
             check_token_ids(labels, self.config.vocab_size, ignore_index=IGNORE_INDEX, name="labels")
@@ -594,9 +600,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         loss = logits = None
         if labels is not None:
             smoothing = self.config.label_smoothing if label_smoothing is None else label_smoothing
-            loss = translation_loss(
-                hidden_states, self.lm_head.weight, labels, smoothing, num_items_in_batch, rdrop_alpha
-            )
+            loss = translation_loss(hidden_states, self.lm_head.weight, labels, smoothing, num_items_in_batch)
         if labels is None or return_logits:
             keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             logits = self.lm_head(hidden_states[:, keep])

@@ -1,9 +1,6 @@
-"""Engineering around training that belongs to no single module: exact resume, throughput, padding and MFU logging,
-checkpoints that resume only when asked, a W&B logger that falls back to offline runs, and progress written as plain
-lines."""
+"""Training that stops and resumes as if it never stopped: the random generators' state saved with each checkpoint, and
+checkpoints that belong to one run, resume only when asked and are saved when the run is interrupted."""
 
-import importlib.util
-import netrc
 import os
 import signal
 import socket
@@ -13,21 +10,17 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import lightning.pytorch as pl
 import torch
 from filelock import FileLock, Timeout
-from lightning.fabric.utilities.throughput import get_available_flops
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, Timer
-from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from hf_transformer.errors import ConfigError, DiskFull, EarlierRunFound, FolderInUse
-from hf_transformer.integrity import non_finite_tensors
-from hf_transformer.loss import IGNORE_INDEX
+from hf_transformer.errors import DiskFull, EarlierRunFound, FolderInUse
+from hf_transformer.model.integrity import non_finite_tensors
 
-from .checkpoint import RUN_ID, read_checkpoint
+from ..checkpoint import RUN_ID, read_checkpoint
 
 
 class ExactResume(pl.Callback):
@@ -56,60 +49,6 @@ class ExactResume(pl.Callback):
             if "cuda" in self._pending and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(self._pending["cuda"])
             self._pending = None
-
-
-class TranslationThroughput(pl.Callback):
-    """Logs `throughput/target_tokens_per_sec`, `throughput/tokens_per_sec` (source + target), `throughput/
-    padding_efficiency` (real / padded tokens) and, where Lightning knows the device's peak FLOP/s,
-    `throughput/mfu` (the model's `training_flops` per second over that peak), every `log_every_n_steps` batches.
-
-    Not Lightning's `ThroughputMonitor`: it calls `torch.cuda.synchronize()` after every training batch, and the
-    token counts its `length_fn` returns must be host numbers (`Throughput.update` compares each to the last), a
-    second wait for the GPU per batch. Here the counts stay on the device until a step that logs.
-    """
-
-    def __init__(self, log_every_n_steps: int = 10):
-        super().__init__()
-        self.log_every_n_steps = log_every_n_steps
-        self._reset()
-
-    def _reset(self) -> None:
-        self._start = time.perf_counter()
-        self._target_tokens = self._real_tokens = self._padded_tokens = self._flops = 0
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(trainer.precision.split("-")[0], torch.float32)
-        self._peak_flops = get_available_flops(pl_module.device, dtype)
-        self._reset()
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset()  # evaluation time is not training throughput
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: dict, batch_idx: int
-    ) -> None:
-        labels, attention_mask = batch["labels"], batch["attention_mask"]
-        # Counted on the device and read only when logging, so no step waits for the GPU.
-        source_lengths, target_lengths = attention_mask.sum(-1), (labels != IGNORE_INDEX).sum(-1)
-        target_tokens = target_lengths.sum()
-        self._target_tokens += target_tokens
-        self._real_tokens += source_lengths.sum() + target_tokens
-        if self._peak_flops:
-            self._flops += pl_module.model.training_flops(source_lengths, target_lengths)
-        self._padded_tokens += attention_mask.numel() + labels.numel()
-        if (batch_idx + 1) % self.log_every_n_steps:
-            return
-        seconds = time.perf_counter() - self._start
-        self._target_tokens, self._real_tokens = int(self._target_tokens), int(self._real_tokens)
-        metrics = {
-            "throughput/target_tokens_per_sec": self._target_tokens / seconds,
-            "throughput/tokens_per_sec": self._real_tokens / seconds,
-            "throughput/padding_efficiency": self._real_tokens / self._padded_tokens,
-        }
-        if self._peak_flops:
-            metrics["throughput/mfu"] = int(self._flops) / seconds / self._peak_flops
-        pl_module.log_dict(metrics)
-        self._reset()
 
 
 # How the user knows the signals that stop a run from outside.
@@ -255,6 +194,12 @@ class ResumableCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         super().on_train_batch_end(trainer, *args)
         self._saved_step = self._saving_step
+        # The step that ends training (max_steps, or max_time's Timer, which runs before this callback) is saved now,
+        # while its epoch is under way: saved once training has ended, the state would mark the epoch complete, and a
+        # run resumed to train further would start the next epoch, skipping the rest of this one's batches.
+        last_step = 0 < trainer.max_steps <= trainer.global_step or trainer.should_stop
+        if self.save_last and last_step and self._saved_step != trainer.global_step:
+            self._save_last_now(trainer)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
@@ -369,224 +314,7 @@ def _moved_state(state_dict: dict[str, Any], dirpath: str) -> dict[str, Any]:
     return state_dict
 
 
-def wandb_credentials_found() -> bool:
-    """True when W&B can log in without asking: an API key in the environment or in ~/.netrc (`wandb login`)."""
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
-    try:
-        return netrc.netrc().authenticators(host) is not None
-    except (FileNotFoundError, netrc.NetrcParseError):
-        return False
-
-
-class AutoWandbLogger(WandbLogger):
-    """Lightning's `WandbLogger`, online when W&B credentials are found and offline otherwise (the run is written to
-    `<save_dir>/wandb/offline-run-*`; upload it later with `wandb sync`). `offline` forces either."""
-
-    def __init__(
-        self,
-        project: str | None = "hf-transformer",
-        name: str | None = None,
-        save_dir: str = ".",
-        id: str | None = None,
-        offline: bool | None = None,
-        log_model: bool = False,
-        tags: list[str] | None = None,
-        group: str | None = None,
-    ):
-        if importlib.util.find_spec("wandb") is None:
-            raise ConfigError(
-                "the config asks for W&B logging (AutoWandbLogger, e.g. configs/trainer/wandb.yaml) but wandb is not "
-                'installed: pip install "hf-transformer[wandb]" (or pip install wandb), or drop that logger'
-            )
-        if offline is None:
-            # "dryrun" is W&B's older spelling of offline, still accepted by wandb 0.31.
-            offline = os.environ.get("WANDB_MODE") in ("offline", "dryrun") or not wandb_credentials_found()
-        super().__init__(
-            project=project,
-            name=name,
-            save_dir=save_dir,
-            id=id,
-            offline=offline,
-            log_model=log_model and not offline,
-            tags=tags,
-            group=group,
-        )
-        # The choice, readable before the run starts (`experiment.offline` would start it).
-        self.offline, self.log_model = offline, log_model and not offline
-
-
-class LineProgress(ProgressBar):
-    """Progress as plain lines, which read the same in a terminal and in a log file: one when the check of validation
-    before training starts (decoding takes a while with untrained weights), one after the first training step, then
-    one every `every_n_steps` steps or `every_n_seconds` seconds, whichever comes first (loss, learning rate, target
-    tokens/s, and the time left where trainer.max_steps or max_time bounds the run), one as each validation's
-    decoding starts and one when it ends (loss, BLEU, chrF), and at the end of `fit` a summary: steps, time, BLEU,
-    distinct sample translations, where the checkpoints and the tokenizer are, and the command that exports the model.
-    A resumed run that has nothing left to train says so."""
-
-    def __init__(self, every_n_steps: int = 100, num_samples: int = 3, every_n_seconds: float = 60.0) -> None:
-        super().__init__()
-        self.every_n_steps = every_n_steps
-        self.every_n_seconds = every_n_seconds
-        self.num_samples = num_samples
-        self._enabled = True
-        self._started = self._printed_at = self._training_since = time.monotonic()
-        self._printed_step: int | None = None
-        self._start_step = 0
-        self._resumed_step: int | None = None
-
-    def disable(self) -> None:
-        self._enabled = False
-
-    def enable(self) -> None:
-        self._enabled = True
-
-    def _print(self, trainer: pl.Trainer, line: str) -> None:
-        if self._enabled and trainer.is_global_zero:
-            print(line, flush=True)
-            self._printed_at = time.monotonic()
-
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
-        self._resumed_step = checkpoint["global_step"]  # before `on_fit_start`, which sees the step only later
-
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._started = time.monotonic()
-        self._start_step = self._resumed_step or 0
-        verb = "Training" if self._resumed_step is None else "Resuming"
-        self._print(trainer, f"{verb} from step {_step_of(trainer, self._start_step)} ({_count(pl_module)} parameters)")
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._training_since = time.monotonic()  # the pace of the steps leaves out the check of validation
-
-    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._print(
-            trainer,
-            f"Checking validation on up to {trainer.num_sanity_val_steps} batches before training "
-            "(trainer.num_sanity_val_steps)",
-        )
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        step = trainer.global_step
-        due = step % self.every_n_steps == 0 or step == self._start_step + 1
-        due |= time.monotonic() - self._printed_at >= self.every_n_seconds
-        if not due or step in (self._start_step, self._printed_step):  # accumulated batches share a step
-            return
-        self._printed_step = step
-        metrics = trainer.callback_metrics
-        fields = [f"step {_step_of(trainer, step)}"]
-        fields.append(_elapsed(time.monotonic() - self._started))
-        left = self._time_left(trainer, step)
-        if left is not None:
-            fields.append(f"{_elapsed(left)} left")
-        if "train/loss" in metrics:
-            fields.append(f"loss {float(metrics['train/loss']):.3f}")
-        learning_rates = [group["lr"] for optimizer in trainer.optimizers for group in optimizer.param_groups]
-        if learning_rates:
-            fields.append(f"lr {learning_rates[0]:.2e}")
-        if "throughput/target_tokens_per_sec" in metrics:
-            fields.append(f"{float(metrics['throughput/target_tokens_per_sec']):,.0f} target tokens/s")
-        self._print(trainer, " | ".join(fields))
-
-    def _time_left(self, trainer: pl.Trainer, step: int) -> float | None:
-        """Until trainer.max_steps at the pace so far (validations included) or max_time, whichever comes first;
-        None when neither bounds the run."""
-        bounds = [timer.time_remaining() for timer in trainer.callbacks if isinstance(timer, Timer)]
-        if trainer.max_steps > 0 and step > self._start_step:
-            pace = (time.monotonic() - self._training_since) / (step - self._start_step)
-            bounds.append(pace * (trainer.max_steps - step))
-        bounds = [max(bound, 0.0) for bound in bounds if bound is not None]
-        return min(bounds) if bounds else None
-
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking:
-            return  # on_sanity_check_start said so
-        beams = pl_module.model.generation_config.num_beams or 1
-        search = f"beam search, {beams} beams" if beams > 1 else "greedy search"
-        batches = sum(trainer.num_val_batches)
-        self._print(
-            trainer,
-            f"validation at step {trainer.global_step}: translating {batches} batch{'es' * (batches != 1)} ({search})",
-        )
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking:
-            return
-        self._print(trainer, f"validation at step {trainer.global_step}: {_scores(trainer.callback_metrics, 'val')}")
-
-    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._print(trainer, f"test: {_scores(trainer.callback_metrics, 'test')}")
-
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        resumed, self._resumed_step = self._resumed_step, None
-        if not trainer.is_global_zero:
-            return
-        step, elapsed = trainer.global_step, _elapsed(time.monotonic() - self._started)
-        if resumed == step:
-            lines = ["", f"Nothing to train: {_finished(trainer, step)}"]
-        else:
-            trained = f"Trained {step} steps" if resumed is None else f"Trained from step {resumed} to {step}"
-            scores = _scores(trainer.callback_metrics, "val")
-            lines = ["", f"{trained} in {elapsed}" + (f"; validation: {scores}" if scores else "")]
-            for source, reference, hypothesis in telling_samples(pl_module.val_samples, self.num_samples):
-                lines += [f"  source:     {source}", f"  reference:  {reference}", f"  hypothesis: {hypothesis}"]
-        checkpoint = trainer.checkpoint_callback
-        if checkpoint is not None and checkpoint.dirpath:
-            folder = relative_to_cwd(Path(checkpoint.dirpath))
-            last = folder / f"{checkpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"
-            lines.append(f"Checkpoints: {folder}")
-            datamodule = getattr(trainer, "datamodule", None)
-            tokenizer_location = getattr(datamodule, "tokenizer_location", None)
-            if tokenizer_location:
-                lines.append(f"Tokenizer:   {tokenizer_location}")
-            if last.exists():
-                lines.append(f"Export it:   hf-transformer export {last} exports/<name>")
-        print("\n".join(lines), flush=True)
-
-
-def telling_samples(rows: list[list[str]], count: int) -> list[list[str]]:
-    """`count` [source, reference, hypothesis] rows with distinct sources, spread over the sources' lengths (of three:
-    a short, a middle and a long one). The first rows of a validation are its shortest, often one source repeated."""
-    distinct = sorted({row[0]: row for row in rows}.values(), key=lambda row: len(row[0]))
-    if len(distinct) <= count:
-        return distinct
-    return [distinct[int((i + 0.5) * len(distinct) / count)] for i in range(count)]
-
-
-def _finished(trainer: pl.Trainer, step: int) -> str:
-    """Why a resumed run trained no step, and how to train it further."""
-    if 0 < trainer.max_steps <= step:
-        return (
-            f"the run is at step {step}, its trainer.max_steps. To train it further, resume with a higher "
-            "--trainer.max_steps"
-        )
-    return "the run has reached its trainer.max_time or max_epochs. To train it further, resume with a higher one"
-
-
-def _step_of(trainer: pl.Trainer, step: int) -> str:
-    return f"{step}/{trainer.max_steps}" if trainer.max_steps > 0 else str(step)
-
-
 def relative_to_cwd(path: Path) -> Path:
     """`path` as the user wrote it in a config: relative to the working directory where it lies below it (Lightning
     makes checkpoint folders absolute)."""
     return path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
-
-
-def _count(module: pl.LightningModule) -> str:
-    return f"{sum(parameter.numel() for parameter in module.parameters()) / 1e6:.1f} M"
-
-
-def _elapsed(seconds: float) -> str:
-    minutes, seconds = divmod(int(seconds), 60)
-    return f"{minutes}:{seconds:02d}"
-
-
-def _scores(metrics: dict[str, torch.Tensor], stage: str) -> str:
-    names = {"loss": "loss {:.3f}", "bleu": "BLEU {:.1f}", "chrf": "chrF {:.1f}"}
-    return ", ".join(
-        form.format(float(metrics[f"{stage}/{name}"])) for name, form in names.items() if f"{stage}/{name}" in metrics
-    )

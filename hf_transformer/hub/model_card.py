@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,8 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from sacrebleu.metrics import BLEU, CHRF
 
-from ..configuration_transformer import MIN_TRANSFORMERS_VERSION, TransformerConfig
-from ..modeling_transformer import TransformerForConditionalGeneration
+from ..model import TransformerForConditionalGeneration
+from ..model.configuration_transformer import MIN_TRANSFORMERS_VERSION, TransformerConfig
 
 CARD_NAME = "README.md"
 DEFAULT_LICENSE = "apache-2.0"
@@ -84,15 +83,34 @@ def write_model_card(
     return _render(folder, facts, format, repo_id)
 
 
-def rewrite_model_card(source: str | Path, folder: str | Path, *, format: str, repo_id: str | None = None) -> bool:
+def rewrite_model_card(
+    source: str | Path,
+    folder: str | Path,
+    *,
+    format: str,
+    repo_id: str | None = None,
+    results: dict[str, float] | None = None,
+    wandb_url: str | None = None,
+) -> bool:
     """Render the card of the export in `source` again into `folder` (which may be `source`), for `repo_id` and
-    `format`, from the facts `write_model_card` saved. Returns False (and writes nothing) when `source` has none."""
+    `format`, from the facts `write_model_card` saved, with `results` (logged metric name -> value, e.g.
+    `test_scores.json` of `hf-transformer test`) added and `wandb_url` set where given. Returns False (and writes
+    nothing) when `source` has no facts; raises ValueError then if there were results or a W&B link to add."""
     path = Path(source) / CARD_FACTS
     if not path.is_file():
+        if results or wandb_url:
+            raise ValueError(
+                f"{source} has no {CARD_FACTS}, which its model card is rendered from, so the scores cannot go into "
+                "its card: export it again from its checkpoint (hf-transformer export CHECKPOINT FOLDER --results JSON)"
+            )
         return False
     facts = json.loads(path.read_text(encoding="utf-8"))
-    if not (Path(folder) / CARD_FACTS).exists():  # a staged copy may hard-link it: never write through the link
-        shutil.copyfile(path, Path(folder) / CARD_FACTS)
+    facts["results"] = {**facts["results"], **(results or {})}
+    facts["wandb_url"] = wandb_url or facts["wandb_url"]
+    target = Path(folder) / CARD_FACTS
+    if results or wandb_url or not target.exists():
+        target.unlink(missing_ok=True)  # a staged copy may hard-link it: never write through the link
+        target.write_text(json.dumps(facts, indent=2) + "\n", encoding="utf-8")
     _render(Path(folder), facts, format, repo_id)
     return True
 
@@ -284,7 +302,6 @@ def _dropouts(config: TransformerConfig) -> str:
     further = (
         ("on the attention weights", config.attention_dropout),
         ("inside the feed-forward networks", config.activation_dropout),
-        ("of whole source tokens", config.source_token_dropout),
     )
     return "; ".join([str(config.dropout)] + [f"{p} {where}" for where, p in further if p])
 
@@ -297,11 +314,6 @@ def _training(run: _RunFacts, compute: str | None) -> list[tuple[str, Any]]:
         rows.append(("Optimizer", f"AdamW, betas {betas}, eps {eps}, weight decay {decay}"))
         rows.append(("Learning-rate schedule", _schedule(hp)))
     rows.append(("Label smoothing", run.config.label_smoothing))
-    if data.get("extra_source_langs"):
-        pairs = [f"{lang} -> {run.target_lang}" for lang in (run.source_lang, *data["extra_source_langs"])]
-        rows.append(("Training pairs", f"{', '.join(pairs)} (`data.extra_source_langs`)"))
-    if data.get("lowercase"):
-        rows.append(("Text", "lowercased on both sides, in training and scoring (`data.lowercase`)"))
     if data.get("max_tokens"):
         budget = data["max_tokens"]
         rows.append(("Batch size", f"up to {budget} source and {budget} target tokens per batch and device (padded)"))
@@ -332,8 +344,10 @@ def _decoding(run: _RunFacts) -> str:
     text = f"beam search with {beams} beams" if beams > 1 else "greedy search"
     if generation.get("length_penalty") is not None:
         text += f", length penalty {generation['length_penalty']}"
-    if generation.get("max_length"):
-        text += f", at most {generation['max_length']} tokens"
+    if generation.get("max_new_tokens"):
+        text += f", at most {generation['max_new_tokens']} tokens"
+    elif generation.get("max_length"):  # a model of 0.3, which saved the bound with the start token
+        text += f", at most {generation['max_length'] - 1} tokens"
     return text + " (`generation_config.json`)"
 
 

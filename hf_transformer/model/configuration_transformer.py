@@ -72,9 +72,6 @@ class TransformerConfig(PretrainedConfig):
         dropout: P_drop, applied to each sub-layer output and to the sums of embeddings and positional encodings.
         attention_dropout: dropout on the attention weights (not in the paper; tensor2tensor's default is 0).
         activation_dropout: dropout after the feed-forward activation (tensor2tensor's "relu_dropout").
-        source_token_dropout: probability of zeroing a source token's whole embedding in training, the others scaled
-            by 1 / (1 - p) (not in the paper; word dropout over token positions, as Marian's `--dropout-src` and the
-            low-resource recipe of Sennrich & Zhang 2019): the encoder learns to translate with words missing.
         activation_function: non-linearity of the feed-forward networks ("relu" in the paper).
         max_position_embeddings: longest sequence the model accepts (the sinusoids themselves have no limit).
         scale_embedding: multiply the embeddings by sqrt(d_model), as in section 3.4.
@@ -107,7 +104,6 @@ class TransformerConfig(PretrainedConfig):
     dropout: float | int = 0.1
     attention_dropout: float | int = 0.0
     activation_dropout: float | int = 0.0
-    source_token_dropout: float | int = 0.0
     activation_function: str = "relu"
     max_position_embeddings: int = 1024
     scale_embedding: bool = True
@@ -150,7 +146,7 @@ class TransformerConfig(PretrainedConfig):
                     f"TransformerConfig.d_model ({self.d_model}) must be divisible by {field} ({heads}): each head "
                     f"gets d_model / heads dimensions. Change d_model or {field}."
                 )
-        for field in ("dropout", "attention_dropout", "activation_dropout", "source_token_dropout", "label_smoothing"):
+        for field in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
             value = getattr(self, field)
             if not 0 <= value < 1:
                 raise ValueError(f"TransformerConfig.{field} must be in [0, 1), got {value}.")

@@ -4,34 +4,26 @@ and `serve` commands: the same settings, the same treatment of empty and too-lon
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
-from .attention import AttentionMaps, attention_maps
-from .configuration_transformer import TransformerConfig
-from .errors import MissingExtra, ModelNotFound, TranslationInputError, UserError
-from .export.folder import check_tokenizer_files
-from .modeling_transformer import TransformerForConditionalGeneration
-from .translate import (
-    MAX_LENGTH_OFFSET,
-    Translation,
-    check_sentences,
-    prepare_sources,
-    translate_hypotheses,
-)
+from ..errors import MissingExtra, ModelNotFound, TranslationInputError, UserError
+from ..export.folder import check_tokenizer_files
+from ..model import TransformerConfig, TransformerForConditionalGeneration
+from .attention_maps import AttentionMaps, attention_maps
+from .translate import Translation, translate
 
 if TYPE_CHECKING:
-    from .export.ctranslate2 import CTranslate2Translator
+    from ..export.ctranslate2 import CTranslate2Translator
 
 # The most beams a request may ask for: beam search costs memory and time in proportion.
 MAX_BEAMS = 16
 
 
 class TranslationEngine:
-    """A trained model ready to translate: `model` (ours, decoded by `translate_hypotheses`) or `ctranslate2` (a
+    """A trained model ready to translate: `model` (ours, decoded by `translate`) or `ctranslate2` (a
     `CTranslate2Translator`, translations only: no scores, n-best lists or attention)."""
 
     def __init__(
@@ -62,7 +54,7 @@ class TranslationEngine:
         folder = Path(name_or_path)
         if (folder / "model.bin").is_file():
             try:
-                from .export.ctranslate2 import CTranslate2Translator
+                from ..export.ctranslate2 import CTranslate2Translator
             except ImportError as err:
                 raise MissingExtra(f"{folder} is a CTranslate2 model: {err}") from err
             translator = CTranslate2Translator(folder, device=device)
@@ -121,27 +113,16 @@ class TranslationEngine:
         max_tokens: int = 8192,
         num_return_sequences: int = 1,
     ) -> list[list[Translation]]:
-        """The `num_return_sequences` best translations of each sentence, best first, as `translate_hypotheses`
-        gives them (CTranslate2: the best one, score NaN, no token ids). Empty sentences translate to empty text;
-        sources longer than the model's positions are cut, with a `SourceTruncatedWarning`."""
+        """The `num_return_sequences` best translations of each sentence, best first, as `translate` gives them
+        (CTranslate2: the best one, score NaN, no token ids). Empty sentences translate to empty text; sources longer
+        than the model's positions are cut, with a `SourceTruncatedWarning`."""
         self.check_settings(num_beams, length_penalty, num_return_sequences)
         settings = dict(num_beams=num_beams, length_penalty=length_penalty, max_tokens=max_tokens)
         if self.model is not None:
-            return translate_hypotheses(
+            return translate(
                 self.model, self.tokenizer, sentences, num_return_sequences=num_return_sequences, **settings
             )
-        return self._translate_ctranslate2(sentences, **settings)
-
-    def _translate_ctranslate2(self, sentences: list[str], **settings) -> list[list[Translation]]:
-        check_sentences(sentences)
-        results = [[Translation("", 0.0, [])] for _ in sentences]
-        todo, ids, truncated = prepare_sources(self.tokenizer, sentences, self.max_positions)
-        outputs = self.ctranslate2.generate(ids, max_length_offset=MAX_LENGTH_OFFSET, **settings) if ids else []
-        for index, text in zip(todo, self.tokenizer.batch_decode(outputs, skip_special_tokens=True), strict=True):
-            results[index] = [Translation(text.strip(), float("nan"), [])]
-        if truncated:
-            warnings.warn(truncated, stacklevel=3)
-        return results
+        return [[Translation(text, float("nan"), [])] for text in self.ctranslate2(sentences, **settings)]
 
     def attention(
         self, sentences: list[str], output_ids: list[list[int]] | None = None, **settings

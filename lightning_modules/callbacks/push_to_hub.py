@@ -16,9 +16,10 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from hf_transformer.errors import HubError
 from hf_transformer.export.folder import written_whole
-from hf_transformer.export.hub import check_repo_id, find_token, push_folder
+from hf_transformer.hub.push import check_repo_id, find_token, push_folder
 
-from .checkpoint import export, load_checkpoint
+from ..checkpoint import load_checkpoint
+from ..export import export_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -122,10 +123,10 @@ class PushToHubCallback(pl.Callback):
 
 
 def export_replacing(checkpoint: dict[str, Any], folder: Path, **card_info: Any) -> Path:
-    """`export` written whole in the place of `folder`: a crash mid-export leaves the previous export or none, never a
-    half-written folder under the final name."""
+    """`export_checkpoint` written whole in the place of `folder`: a crash mid-export leaves the previous export or
+    none, never a half-written folder under the final name."""
     with written_whole(folder) as staging:
-        export(checkpoint, staging, **card_info)
+        export_checkpoint(checkpoint, staging, **card_info)
     return folder
 
 

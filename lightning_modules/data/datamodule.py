@@ -1,14 +1,13 @@
 """`TranslationDataModule`: parallel text from any source -> tokenized, filtered, token-budget batches."""
 
 import signal
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
 import torch.distributed as dist
-from datasets import Dataset, concatenate_datasets
+from datasets import Dataset
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerFast
@@ -19,7 +18,6 @@ from .batching import ResumableDataLoader, TokenBudgetBatchSampler, TranslationC
 from .sources import check_source, load_split, to_pairs
 from .synthetic import SOURCE_LANG, TARGET_LANG, synthetic_splits
 from .tokenization import (
-    BPEDropout,
     backend_tokenizer,
     check_trained_on,
     has_saved_tokenizer,
@@ -62,23 +60,12 @@ class TranslationDataModule(pl.LightningDataModule):
         dataset_config: the Hub dataset's configuration (e.g. "de-en" for wmt14).
         source_lang: the language translated from (a file suffix, a column or a `translation` key).
         target_lang: the language translated into.
-        extra_source_langs: more languages translated from, in training only: their pairs with `target_lang` join
-            the training split (many-to-one: Multi30k's French and Czech captions of the same images for English ->
-            German), and the BPE vocabulary is trained on them too. Validation and test keep `source_lang`.
-        lowercase: lowercase both sides of every split, as the tokenized, lowercased Multi30k files that many Multi30k
-            papers train and score on (the Revisit-MMT baseline among them): validation and test references are
-            lowercased too. A trained BPE tokenizer lowercases what it encodes, so the trained model takes cased
-            input and writes lowercased text.
         train_split: the name of the training split.
         validation_split: the name of the validation split.
         test_split: the name of the test split.
         tokenizer: an existing tokenizer (folder or Hub id) instead of training a BPE vocabulary.
         bpe_vocab_size: the size of the joint BPE vocabulary trained on the training split (37000 in the paper).
         bpe_min_frequency: how often a pair must occur to be merged.
-        bpe_dropout: BPE-dropout on the training pairs (Provilkov et al., 2020): each batch encodes its pairs anew,
-            skipping each merge with this probability (0.1 in the paper; 0: off); a side that would grow past its
-            position limit keeps the full merges. Batches are planned on the full merges' lengths, so they hold more
-            tokens than `max_tokens` (14% more at 0.1 on Multi30k).
         tokenizer_dir: where the trained tokenizer is saved and reused on later runs of the same data.
         max_tokens: the token budget of a training batch: rows x longest sequence, per device (the paper: about 25000
             source and 25000 target tokens per step over 8 GPUs).
@@ -99,15 +86,12 @@ class TranslationDataModule(pl.LightningDataModule):
         dataset_config: str | None = None,
         source_lang: str = SOURCE_LANG,
         target_lang: str = TARGET_LANG,
-        extra_source_langs: list[str] | None = None,
-        lowercase: bool = False,
         train_split: str = "train",
         validation_split: str = "validation",
         test_split: str = "test",
         tokenizer: str | None = None,
         bpe_vocab_size: int = 8000,
         bpe_min_frequency: int = 2,
-        bpe_dropout: float = 0.0,
         tokenizer_dir: str | None = None,
         max_tokens: int = 4096,
         max_sentences: int | None = None,
@@ -123,7 +107,6 @@ class TranslationDataModule(pl.LightningDataModule):
         self.save_hyperparameters()
         if source_lang == target_lang:
             raise DataError(f"source_lang and target_lang are both {source_lang!r}: choose two different languages")
-        self._check_extra_source_langs()
         if dataset != "synthetic":
             check_source(dataset)
         if max_tokens < max(max_source_positions, max_target_positions):
@@ -140,39 +123,12 @@ class TranslationDataModule(pl.LightningDataModule):
         self._collator = TranslationCollator(
             self.tokenizer.pad_token_id, max_source_positions, max_target_positions, vocab_size=len(self.tokenizer)
         )
-        self._train_collator = (
-            replace(self._collator, resegment=BPEDropout.of(self.tokenizer, bpe_dropout))
-            if bpe_dropout
-            else self._collator
-        )
-
-    def _check_extra_source_langs(self) -> None:
-        hp = self.hparams
-        extra = hp.extra_source_langs or []
-        repeated = sorted({lang for lang in extra if lang in (hp.source_lang, hp.target_lang) or extra.count(lang) > 1})
-        if repeated:
-            raise DataError(
-                f"data.extra_source_langs={extra} repeats {', '.join(map(repr, repeated))}: list each language once, "
-                f"other than source_lang {hp.source_lang!r} and target_lang {hp.target_lang!r}"
-            )
-        if extra and hp.dataset == "synthetic":
-            raise DataError(
-                f"data.extra_source_langs={extra}: the synthetic task has only the languages {SOURCE_LANG!r} and "
-                f"{TARGET_LANG!r}; set data.extra_source_langs to null or choose a dataset with more languages"
-            )
 
     # ----------------------------------------------------------------------------------------------- tokenizer
     def _load_or_train_tokenizer(self) -> PreTrainedTokenizerFast:
         hp = self.hparams
         if hp.tokenizer is not None:
-            tokenizer = load_tokenizer(hp.tokenizer)
-            if hp.lowercase and not _lowercases(tokenizer):
-                rank_zero_warn(
-                    f"data.lowercase lowercases the data, but tokenizer {hp.tokenizer!r} does not lowercase: the model "
-                    "will be trained on lowercased text and given cased text when it translates. Give a lowercasing "
-                    "tokenizer, or none (data.tokenizer: null) to train one that lowercases"
-                )
-            return tokenizer
+            return load_tokenizer(hp.tokenizer)
         if has_saved_tokenizer(hp.tokenizer_dir):
             check_trained_on(hp.tokenizer_dir, self._tokenizer_recipe())
             rank_zero_info(f"Loading the tokenizer saved in {hp.tokenizer_dir}, trained earlier on the same data")
@@ -184,7 +140,7 @@ class TranslationDataModule(pl.LightningDataModule):
         )
         rows = pairs.iter(batch_size=1000)
         sentences = (batch[side] for batch in rows for side in ("source_text", "target_text"))
-        tokenizer = train_bpe_tokenizer(sentences, hp.bpe_vocab_size, hp.bpe_min_frequency, hp.lowercase)
+        tokenizer = train_bpe_tokenizer(sentences, hp.bpe_vocab_size, hp.bpe_min_frequency)
         if hp.tokenizer_dir is not None:
             save_tokenizer(tokenizer, hp.tokenizer_dir, self._tokenizer_recipe())
         return tokenizer
@@ -195,11 +151,7 @@ class TranslationDataModule(pl.LightningDataModule):
         names += ["bpe_vocab_size", "bpe_min_frequency"]
         if self.hparams.dataset == "synthetic":
             names += ["synthetic_train_size", "seed"]
-        recipe = {name: self.hparams[name] for name in names}
-        # None when unset, as a record saved before these fields reads: those tokenizers stay valid.
-        recipe["extra_source_langs"] = self.hparams.extra_source_langs or None
-        recipe["lowercase"] = self.hparams.lowercase or None
-        return recipe
+        return {name: self.hparams[name] for name in names}
 
     # -------------------------------------------------------------------------------------------------- splits
     def _split_name(self, role: str) -> str:
@@ -217,16 +169,9 @@ class TranslationDataModule(pl.LightningDataModule):
                 for name, data in splits.items():
                     self._raw_splits[name] = to_pairs(data, hp.source_lang, hp.target_lang, origin="the synthetic task")
             else:
-                pairs = load_split(hp.dataset, hp.dataset_config, split, hp.source_lang, hp.target_lang)
-                if split == hp.train_split and hp.extra_source_langs:
-                    extra = [
-                        load_split(hp.dataset, hp.dataset_config, split, lang, hp.target_lang)
-                        for lang in hp.extra_source_langs
-                    ]
-                    pairs = concatenate_datasets([pairs, *extra])
-                if hp.lowercase:  # the synthetic task is lowercase already
-                    pairs = pairs.map(_lowercase_pairs, batched=True, desc="Lowercasing")
-                self._raw_splits[split] = pairs
+                self._raw_splits[split] = load_split(
+                    hp.dataset, hp.dataset_config, split, hp.source_lang, hp.target_lang
+                )
         return self._raw_splits[split]
 
     def setup(self, stage: str | None = None) -> None:
@@ -293,11 +238,9 @@ class TranslationDataModule(pl.LightningDataModule):
                 f"empty side, {stats['dropped_too_long']} longer than max_source_positions={hp.max_source_positions}"
                 f"/max_target_positions={hp.max_target_positions} tokens); raise the limits or check the languages"
             )
-        if training:
+        if training:  # training batches carry ids only: the raw text is for scoring translations in evaluation
             self._check_unknown_rate(split, encoded, source, target)
-        if training:  # the raw text is only needed to score translations and to encode it anew (BPE-dropout)
-            text = ["source_text", "target_text"] if hp.bpe_dropout else []
-            encoded = encoded.select(np.flatnonzero(keep)).select_columns(["input_ids", "labels", *text])
+            encoded = encoded.select(np.flatnonzero(keep)).select_columns(["input_ids", "labels"])
         else:
             # `index` is the pair's line in the split, so hypotheses can be written back in the split's order.
             encoded = encoded.add_column("index", np.arange(len(encoded)))
@@ -380,7 +323,7 @@ class TranslationDataModule(pl.LightningDataModule):
         return loader_class(
             self._prepare(role)[0],
             batch_sampler=batch_sampler,
-            collate_fn=self._train_collator if role == "train" else self._collator,
+            collate_fn=self._collator,
             num_workers=workers,
             persistent_workers=workers > 0,
             worker_init_fn=_leave_ctrl_c_to_the_main_process,
@@ -405,16 +348,6 @@ def _leave_ctrl_c_to_the_main_process(worker_id: int) -> None:
     (`ResumableCheckpoint`), and may need batches until then (validation's too): a worker that the Ctrl-C ended would
     not make them, and one that inherited the main process's handler would act on it a second time."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _lowercases(tokenizer: PreTrainedTokenizerFast) -> bool:
-    """Whether the tokenizer lowercases what it encodes."""
-    normalizer = tokenizer.backend_tokenizer.normalizer
-    return normalizer is not None and normalizer.normalize_str("A") == "a"
-
-
-def _lowercase_pairs(batch: dict[str, list[str]]) -> dict[str, list[str]]:
-    return {side: [text.lower() for text in batch[side]] for side in ("source_text", "target_text")}
 
 
 def _encode_pairs(batch: dict[str, list[str]], tokenizer: str, unknown_id: int | None) -> dict[str, list[Any]]:

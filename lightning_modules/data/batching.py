@@ -4,7 +4,7 @@ Every rank builds the same plan for an epoch from `seed` and `epoch` and takes i
 communication; a DataLoader that records its position lets Lightning resume in the middle of an epoch.
 """
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,8 +13,8 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from hf_transformer.errors import DataError
-from hf_transformer.integrity import check_token_ids
-from hf_transformer.loss import IGNORE_INDEX
+from hf_transformer.model.integrity import check_token_ids
+from hf_transformer.model.loss import IGNORE_INDEX
 from hf_transformer.token_budget import pack_token_budget
 
 
@@ -184,22 +184,17 @@ class TranslationCollator:
     `input_ids`/`attention_mask` [B, S] and `labels` [B, T] (-100 at padding), right-padded to the longest row;
     sequences longer than the position limits are cut, keeping their final `</s>`. Evaluation rows (those with an
     `index`) pass on `source_text`, `target_text` and `index` (strings as lists, indices as a tensor).
-    With `resegment` (training with BPE-dropout), the ids are those of the rows' texts encoded anew, except where that
-    passes the position limit, and the texts are not passed on. With `vocab_size`, ids outside [0, vocab_size) are
+    With `vocab_size`, ids outside [0, vocab_size) are
     refused here, on the CPU, where the check costs no wait for a device (the training step does not check them).
     """
 
     pad_token_id: int
     max_source_positions: int
     max_target_positions: int
-    resegment: Callable[[list[str]], list[list[int]]] | None = None
     vocab_size: int | None = None
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         sources, targets = [row["input_ids"] for row in rows], [row["labels"] for row in rows]
-        if self.resegment is not None:
-            sources = self._resegment(rows, "source_text", sources, self.max_source_positions)
-            targets = self._resegment(rows, "target_text", targets, self.max_target_positions)
         sources = [_truncate(ids, self.max_source_positions) for ids in sources]
         targets = [_truncate(ids, self.max_target_positions) for ids in targets]
         input_ids = _pad(sources, self.pad_token_id)
@@ -217,11 +212,6 @@ class TranslationCollator:
             batch["target_text"] = [row["target_text"] for row in rows]
             batch["index"] = torch.tensor([row["index"] for row in rows])
         return batch
-
-    def _resegment(self, rows: list[dict[str, Any]], text: str, ids: list[list[int]], limit: int) -> list[list[int]]:
-        """The rows' `text` encoded anew; one that grows past `limit` keeps its `ids` (which fit) rather than be cut."""
-        segmented = self.resegment([row[text] for row in rows])
-        return [new if len(new) <= limit else old for new, old in zip(segmented, ids, strict=True)]
 
 
 def _truncate(ids: list[int], limit: int) -> list[int]:

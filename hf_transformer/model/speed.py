@@ -1,6 +1,6 @@
-"""Speed machinery beside the paper's path in `modeling_transformer.py`. None of it changes a result (each piece is
-tested equal to the plain computation), each was measured (README.md, "What the profiles showed"), and each steps aside
-under `torch.compile`, whose graphs cannot hold data-dependent shapes or the CPU dropout's random words.
+"""Speed machinery beside the paper's path in `modeling_transformer.py`: a faster dropout on CPU and padding removal.
+Neither changes a result (each is tested equal to the plain computation), each was measured (docs, "Speed"), and each
+steps aside under `torch.compile`, whose graphs cannot hold data-dependent shapes or the CPU dropout's random words.
 
 Saved model folders carry this file with their remote code (the modeling file imports it relatively).
 """
@@ -9,15 +9,14 @@ import copy
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import EncoderDecoderCache
 
 
 def apply_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Dropout (5.4) that is 2-3x faster on CPU than `F.dropout`, elsewhere and under `torch.compile` `F.dropout`.
+    """Dropout (5.4), faster on CPU than `F.dropout`; elsewhere and under `torch.compile`, `F.dropout`.
 
-    On CPU torch draws one Mersenne Twister number per element for the mask, which made dropout 6-8% of a training
-    step; here every random 64-bit word gives the mask of four elements (p is rounded to a multiple of 2^-16). The
-    boolean mask kept for the backward pass is also a quarter the size of torch's float one.
+    On CPU torch draws one Mersenne Twister number per element for the mask; here every random 64-bit word gives the
+    mask of four elements (p is rounded to a multiple of 2^-16). The boolean mask kept for the backward pass is also a
+    quarter the size of torch's float one.
     """
     if not training or p == 0.0 or hidden_states.device.type != "cpu" or torch.compiler.is_compiling():
         return F.dropout(hidden_states, p=p, training=training)
@@ -25,6 +24,11 @@ def apply_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torc
     uniform_int16 = words.view(torch.int16)[: hidden_states.numel()].view(hidden_states.shape)
     keep = uniform_int16 >= round(p * 2**16) - 2**15
     return torch.where(keep, hidden_states, 0.0).mul_(1.0 / (1.0 - p))
+
+
+def up_to_last(mask: torch.Tensor) -> torch.Tensor:
+    """The positions of each row up to its last nonzero one in `mask` ([batch, length])."""
+    return mask.flip(-1).cumsum(-1).flip(-1) > 0
 
 
 class PackedMask:
@@ -52,7 +56,7 @@ class PackedMask:
     def causal(cls, needed: torch.Tensor | None, mask: torch.Tensor | None) -> "PackedMask":
         """Under a causal mask a position is computed if it or any later position in its row is needed: no earlier
         position depends on the ones after it."""
-        return cls(None if needed is None else needed.flip(-1).cumsum(-1).flip(-1) > 0, mask)
+        return cls(None if needed is None else up_to_last(needed), mask)
 
     def with_mask(self, mask: torch.Tensor | None) -> "PackedMask":
         """The same packing of the queries with another mask (the encoder-decoder attention's)."""
@@ -70,35 +74,3 @@ class PackedMask:
             return hidden_states
         unpacked = hidden_states.new_zeros(self.shape.numel(), *hidden_states.shape[1:])
         return unpacked.index_copy_(0, self.index, hidden_states).unflatten(0, self.shape)
-
-
-def training_flops(config, source_lengths: torch.Tensor, target_lengths: torch.Tensor) -> torch.Tensor:
-    """Model FLOPs of one training step (forward and backward) of a model with this `TransformerConfig` on pairs of
-    these lengths: the numerator of MFU.
-
-    Counts the matrix multiplies, at 2 FLOPs per multiply-add and 3x the forward for forward + backward (the
-    convention of PaLM's appendix B): the projections and feed-forward layers of every real token, the attention
-    scores and weighted sums in full (as fused kernels compute them, causal or not) and the output projection of
-    every target token. Padding, which the model does not compute, does not count, nor does recomputation.
-    Takes and returns tensors, so that counting on a GPU does not wait for it.
-    """
-    d = config.d_model
-    source, target = source_lengths.long(), target_lengths.long()
-    source_tokens, target_tokens = source.sum(), target.sum()
-    encoder_layer = source_tokens * (4 * d * d + 2 * d * config.encoder_ffn_dim) + 2 * d * (source * source).sum()
-    decoder_layer = (
-        # Self-attention (Q, K, V, output), encoder-decoder queries and output, feed-forward.
-        target_tokens * (6 * d * d + 2 * d * config.decoder_ffn_dim)
-        + source_tokens * 2 * d * d  # the encoder-decoder keys and values, computed once per layer
-        + 2 * d * ((target * target).sum() + (target * source).sum())
-    )
-    output_projection = target_tokens * d * config.vocab_size
-    return 6 * (config.encoder_layers * encoder_layer + config.decoder_layers * decoder_layer + output_projection)
-
-
-def reorder_self_attention_cache(cache: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
-    """The `_reorder_cache` of beam search: only the self-attention cache follows the surviving beams. A beam only
-    ever continues a beam of its own sentence, and all beams of a sentence hold the same encoder keys and values, so
-    reordering those would copy them for nothing."""
-    cache.self_attention_cache.reorder_cache(beam_idx)
-    return cache

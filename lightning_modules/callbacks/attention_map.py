@@ -8,7 +8,7 @@ import numpy as np
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from hf_transformer.attention import attention_maps, figure_class, plot_attention
+from hf_transformer.decoding.attention_maps import attention_maps, figure_class, plot_attention
 from hf_transformer.errors import MissingExtra
 
 

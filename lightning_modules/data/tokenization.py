@@ -6,7 +6,6 @@ import os
 import tempfile
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +22,7 @@ PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = {"pad_token": PAD, "bos_token": BOS, "eos_token": EOS, "unk_token": UNK}
 
 
-def train_bpe_tokenizer(
-    texts: Iterable[list[str]], vocab_size: int, min_frequency: int, lowercase: bool = False
-) -> PreTrainedTokenizerFast:
+def train_bpe_tokenizer(texts: Iterable[list[str]], vocab_size: int, min_frequency: int) -> PreTrainedTokenizerFast:
     """Train one BPE vocabulary shared by source and target on batches of sentences.
 
     NFKC normalisation and a Metaspace pre-tokenizer make `decode(encode(s))` give back `s` for ordinary text.
@@ -33,13 +30,10 @@ def train_bpe_tokenizer(
     makes them: otherwise "Büsche." and "Büsche" share no token, and a 10,000-token Multi30k vocabulary spent 1,546
     tokens on words glued to a mark ("▁Blumen.", "▁Frau,"). Digits are split one by one so that numbers are spelled
     out digit by digit (the synthetic task needs it; real text loses little). Encoding appends `</s>` and no `<s>`:
-    the model starts decoding from `<s>` itself. `lowercase` adds lowercasing to the normalisation: the vocabulary is
-    learnt on lowercased text, and every text encoded later, a user's input included, is lowercased first.
+    the model starts decoding from `<s>` itself.
     """
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
-    tokenizer.normalizer = (
-        normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()]) if lowercase else normalizers.NFKC()
-    )
+    tokenizer.normalizer = normalizers.NFKC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation(), pre_tokenizers.Digits(individual_digits=True)]
     )
@@ -135,43 +129,8 @@ def has_saved_tokenizer(directory: str | Path | None) -> bool:
     return directory is not None and (Path(directory) / "tokenizer.json").is_file()
 
 
-@dataclass(frozen=True)
-class BPEDropout:
-    """BPE-dropout (Provilkov et al., 2020): each merge of the BPE vocabulary is skipped with probability `dropout`, so
-    a word gets a different segmentation of the same text each time it is encoded ("▁orange" as "▁orang e").
-
-    Called on a list of texts, it gives their ids as the tokenizer's `encode` does (with its special tokens). The
-    tokenizer travels as its JSON text, so the object pickles into data loader workers. The draws come from the
-    tokenizers library's thread-local generator, which takes no seed: segmentations differ between runs.
-    """
-
-    tokenizer: str
-    dropout: float
-
-    @classmethod
-    def of(cls, tokenizer: PreTrainedTokenizerFast, dropout: float) -> "BPEDropout":
-        """Check that `tokenizer` is a BPE vocabulary and `dropout` a probability in [0, 1)."""
-        if not 0 <= dropout < 1:
-            raise DataError(f"data.bpe_dropout={dropout} is not a probability in [0, 1): use e.g. 0.1 (0: off)")
-        model = tokenizer.backend_tokenizer.model
-        if not isinstance(model, models.BPE):
-            raise DataError(
-                f"data.bpe_dropout={dropout} needs a BPE tokenizer; {tokenizer.name_or_path or 'this one'} is a "
-                f"{type(model).__name__} model: set data.bpe_dropout to 0 or let the data module train a BPE "
-                "tokenizer (data.tokenizer: null)"
-            )
-        return cls(tokenizer.backend_tokenizer.to_str(), dropout)
-
-    def __call__(self, texts: list[str]) -> list[list[int]]:
-        return [encoding.ids for encoding in backend_tokenizer(self.tokenizer, self.dropout).encode_batch(texts)]
-
-
 @functools.lru_cache(maxsize=4)
-def backend_tokenizer(state: str, bpe_dropout: float | None = None) -> Tokenizer:
+def backend_tokenizer(state: str) -> Tokenizer:
     """The tokenizers `Tokenizer` of a JSON text (`to_str()`), built once per process and text: the data module hands
-    its tokenizer to `datasets.map` and to `BPEDropout` (which pickles into loader workers) as this text. With
-    `bpe_dropout`, its BPE model skips each merge with that probability."""
-    tokenizer = Tokenizer.from_str(state)
-    if bpe_dropout is not None:
-        tokenizer.model.dropout = bpe_dropout
-    return tokenizer
+    its tokenizer to `datasets.map` processes as this text."""
+    return Tokenizer.from_str(state)

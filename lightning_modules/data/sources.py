@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets import Dataset, Features, Translation, Value, concatenate_datasets, load_dataset
 from datasets.exceptions import DatasetGenerationError
+from lightning.pytorch.utilities import rank_zero_info
 
 from hf_transformer.errors import DataError
 
@@ -38,8 +39,11 @@ _BYTE_ORDER_MARK = codecs.BOM_UTF8.decode()
 _BINARY_CHECK_BYTES = 8000
 # What reading a .gz file that is cut short, damaged or no gzip data raises.
 _GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
+# The names a local folder may give the splits that Hub datasets call `validation` and `test`: a corpus's own words,
+# and Multi30k's raw release (`val`, and `test_2016_flickr`, the test set that its Hub copies call `test`).
+SPLIT_SYNONYMS = {"validation": ("val", "valid", "dev"), "test": ("test_2016_flickr",)}
 # The fix for a language not in the data: the data module fields that name languages.
-_CHOOSE_LANGUAGES = "Choose data.source_lang, data.target_lang and data.extra_source_langs among them"
+_CHOOSE_LANGUAGES = "Choose data.source_lang and data.target_lang among them"
 
 
 def load_split(dataset: str, config: str | None, split: str, source_lang: str, target_lang: str) -> Dataset:
@@ -100,6 +104,11 @@ def _split_files(folder: Path, split: str) -> dict[str, Path]:
 
 def _load_from_folder(folder: Path, split: str, source_lang: str, target_lang: str) -> Dataset:
     files = _split_files(folder, split)
+    for other_name in SPLIT_SYNONYMS.get(split, ()) if not files else ():
+        files = _split_files(folder, other_name)
+        if files:
+            rank_zero_info(f"split {split!r}: reading {folder}/{other_name}.* (no {split}.* there)")
+            break
     if not files:
         raise DataError(
             f"split {split!r} not found: looked for {folder}/{split}.<lang>[.gz] (one text file per language) and "

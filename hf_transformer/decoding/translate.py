@@ -3,7 +3,7 @@ sentence from the batch as soon as its translation is final, instead of decoding
 
 import warnings
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple, overload
 
 import torch
 import torch.nn.functional as F
@@ -11,8 +11,8 @@ from transformers import GenerationMixin, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
-from .errors import TranslationInputError
-from .token_budget import pack_token_budget
+from ..errors import TranslationInputError
+from ..token_budget import pack_token_budget
 
 # Section 6.1: "maximum output length to input length + 50".
 MAX_LENGTH_OFFSET = 50
@@ -88,6 +88,35 @@ def check_sentences(sentences: Sequence[str]) -> None:
             )
 
 
+@overload
+def translate(
+    model: GenerationMixin,
+    tokenizer: PreTrainedTokenizerBase,
+    sentences: list[str],
+    *,
+    num_beams: int | None = ...,
+    length_penalty: float | None = ...,
+    max_tokens: int = ...,
+    max_length_offset: int = ...,
+    num_return_sequences: None = ...,
+) -> list[str]: ...
+
+
+@overload
+def translate(
+    model: GenerationMixin,
+    tokenizer: PreTrainedTokenizerBase,
+    sentences: list[str],
+    *,
+    num_beams: int | None = ...,
+    length_penalty: float | None = ...,
+    max_tokens: int = ...,
+    max_length_offset: int = ...,
+    num_return_sequences: int,
+) -> list[list[Translation]]: ...
+
+
+@torch.inference_mode()
 def translate(
     model: GenerationMixin,
     tokenizer: PreTrainedTokenizerBase,
@@ -97,7 +126,8 @@ def translate(
     length_penalty: float | None = None,
     max_tokens: int = 8192,
     max_length_offset: int = MAX_LENGTH_OFFSET,
-) -> list[str]:
+    num_return_sequences: int | None = None,
+) -> list[str] | list[list[Translation]]:
     """Translate `sentences` with `beam_search`, returning translations in the order of the input.
 
     Each translation is what `model.generate()` gives for that sentence alone, with at most its length +
@@ -106,66 +136,26 @@ def translate(
     Sentences of similar length are decoded together, in batches of at most `max_tokens` source tokens counted with
     padding and beams. An empty (or blank) sentence translates to an empty string; a sentence longer than the model's
     positions is cut to them, with a `SourceTruncatedWarning` that names it.
+
+    With `num_return_sequences` n, each sentence gets its n best translations (at most `num_beams`), best first, as
+    `Translation`s with their scores and token ids: the n-best list of `generate(num_return_sequences=n)`. An empty
+    sentence then gets one empty translation with score 0.
     """
     check_sentences(sentences)
-    translations, truncated = _translate(
-        model, tokenizer, sentences, num_beams, length_penalty, max_tokens, max_length_offset, 1
-    )
-    if truncated:
-        warnings.warn(truncated, stacklevel=2)
-    return [best[0].text for best in translations]
-
-
-def translate_hypotheses(
-    model: GenerationMixin,
-    tokenizer: PreTrainedTokenizerBase,
-    sentences: list[str],
-    *,
-    num_beams: int | None = None,
-    length_penalty: float | None = None,
-    max_tokens: int = 8192,
-    max_length_offset: int = MAX_LENGTH_OFFSET,
-    num_return_sequences: int = 1,
-) -> list[list[Translation]]:
-    """`translate()` returning, for each sentence, its `num_return_sequences` best translations (at most
-    `num_beams`), best first, with their scores and token ids: the n-best list of `generate(num_return_sequences=n)`.
-    An empty sentence gets one empty translation with score 0."""
-    check_sentences(sentences)
-    translations, truncated = _translate(
-        model, tokenizer, sentences, num_beams, length_penalty, max_tokens, max_length_offset, num_return_sequences
-    )
-    if truncated:
-        warnings.warn(truncated, stacklevel=2)
-    return translations
-
-
-@torch.inference_mode()
-def _translate(
-    model: GenerationMixin,
-    tokenizer: PreTrainedTokenizerBase,
-    sentences: list[str],
-    num_beams: int | None,
-    length_penalty: float | None,
-    max_tokens: int,
-    max_length_offset: int,
-    num_return_sequences: int,
-) -> tuple[list[list[Translation]], SourceTruncatedWarning | None]:
-    """What `translate_hypotheses` returns, and the warning to give for the sentences that were cut (the public
-    functions give it, so that it names the caller's line)."""
     translations: list[list[Translation]] = [[Translation("", 0.0, [])] for _ in sentences]
     todo, ids, truncated = prepare_sources(tokenizer, sentences, model.config.max_position_embeddings)
     num_beams = num_beams or model.generation_config.num_beams or 1
     # Each sentence takes `num_beams` rows of the padded batch.
     for batch in pack_token_budget([num_beams * len(row) for row in ids], max_tokens):
         inputs = tokenizer.pad({"input_ids": [ids[i] for i in batch]}, return_tensors="pt").to(model.device)
-        results = beam_search_hypotheses(
+        results = beam_search(
             model,
             inputs["input_ids"],
             inputs["attention_mask"],
             num_beams=num_beams,
             length_penalty=length_penalty,
             max_length_offset=max_length_offset,
-            num_return_sequences=num_return_sequences,
+            num_return_sequences=num_return_sequences or 1,
         )
         for index, hypotheses in zip(batch, results, strict=True):
             texts = tokenizer.batch_decode([output.token_ids for output in hypotheses], skip_special_tokens=True)
@@ -173,33 +163,27 @@ def _translate(
                 Translation(text.strip(), hypothesis.score, hypothesis.token_ids)
                 for text, hypothesis in zip(texts, hypotheses, strict=True)
             ]
-    return translations, truncated
+    if truncated:
+        warnings.warn(truncated, stacklevel=3)  # the caller's line, past inference_mode's wrapper
+    if num_return_sequences is None:
+        return [best[0].text for best in translations]
+    return translations
 
 
-def beam_search(
-    model: GenerationMixin,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    *,
-    num_beams: int | None = None,
-    length_penalty: float | None = None,
-    max_length_offset: int = MAX_LENGTH_OFFSET,
-) -> list[list[int]]:
-    """Beam search over a batch of right-padded sources, returning the best hypothesis of each as token ids (from the
-    decoder start token to EOS): `beam_search_hypotheses` without the scores and the other hypotheses."""
-    results = beam_search_hypotheses(
-        model,
-        input_ids,
-        attention_mask,
-        num_beams=num_beams,
-        length_penalty=length_penalty,
-        max_length_offset=max_length_offset,
+def translate_hypotheses(
+    model: GenerationMixin, tokenizer: PreTrainedTokenizerBase, sentences: list[str], **settings: Any
+) -> list[list[Translation]]:
+    """Deprecated since 0.4: `translate(..., num_return_sequences=n)` gives the same n-best lists."""
+    warnings.warn(
+        "translate_hypotheses() is deprecated: call translate(model, tokenizer, sentences, num_return_sequences=n)",
+        FutureWarning,
+        stacklevel=2,
     )
-    return [hypotheses[0].token_ids for hypotheses in results]
+    return translate(model, tokenizer, sentences, **{"num_return_sequences": 1, **settings})
 
 
 @torch.inference_mode()
-def beam_search_hypotheses(
+def beam_search(
     model: GenerationMixin,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,

@@ -1,0 +1,231 @@
+"""The tables of the results pages and of README's headline table, generated from what the benchmarks wrote in
+`benchmarks/results/*.json`: a number on those pages changes when its JSON does, never by hand.
+
+    python benchmarks/report.py headline      # print one table as Markdown (headline, quality, speed, ...)
+
+The documentation build (`docs/conf.py`) calls `table(name)` for each `<!-- generated: table NAME -->` marker, and a
+test checks that README.md holds `table("headline")` as generated.
+"""
+
+import argparse
+import json
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@cache
+def result(name: str) -> dict | list:
+    """`benchmarks/results/<name>.json`."""
+    return json.loads((RESULTS / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def _x(ratio: float) -> str:
+    return f"{ratio:.2f}x"
+
+
+def quality() -> str:
+    """Multi30k English -> German, the run that `benchmarks/quality.py` scored (`recipe` says which): val and
+    test_2016_flickr."""
+    run = result("multi30k")
+    rows = []
+    for key, label in (("last_checkpoint", "last checkpoint"), ("average_last_10", "average of the last 10")):
+        entry = run[key]
+        decoding = entry["decoding"]
+        val, test = entry["val"]["scores"], entry["test_2016_flickr"]["scores"]
+        rows.append(
+            [
+                f"{label}, beam {decoding['num_beams']}, length penalty {decoding['length_penalty']} (chosen on val)",
+                f"{val['sacreBLEU']:.2f}",
+                f"{test['sacreBLEU']:.2f}",
+                f"{test['sacreBLEU, lowercased']:.2f}",
+                f"{test['tokenized BLEU, lowercased']:.2f}",
+                f"{test['chrF']:.2f}",
+            ]
+        )
+    header = ["model", "val sacreBLEU", "test sacreBLEU", "lowercased", "tokenized, lowercased", "chrF"]
+    return markdown(header, rows)
+
+
+def quality_signatures() -> str:
+    """How each score of `quality` was computed."""
+    how = result("multi30k")["average_last_10"]["test_2016_flickr"]["how"]
+    rows = [[name, "`" + text.replace("|", "\\|") + "`"] for name, text in how.items()]
+    return markdown(["score", "how it was computed"], rows)
+
+
+def training_speed() -> str:
+    """Training throughput against Marian's and `nn.Transformer`'s on the same batches (`benchmarks/speed.py`)."""
+    speed = result("speed")
+    rows = []
+    for entry in speed["training"]:
+        rates = entry["tokens_per_sec"]
+        rows.append(
+            [
+                f"{entry['size']}, {entry['precision']}, {entry['target_tokens_per_batch']:,}-token batches",
+                *(f"{rates[peer]:,.0f}" for peer in ("ours", "marian", "nn.Transformer")),
+                *(_x(entry["ratio_ours_over"][peer]) for peer in ("marian", "nn.Transformer")),
+            ]
+        )
+    header = ["model", "ours, tok/s", "Marian", "nn.Transformer", "ours / Marian", "ours / nn.Transformer"]
+    return markdown(header, rows)
+
+
+def training_memory() -> str:
+    """Peak memory of a training step (`benchmarks/speed.py`)."""
+    rows = [
+        [entry["size"], *(f"{entry['peak_step_mib'][peer]:,.0f}" for peer in ("ours", "marian", "nn.Transformer"))]
+        for entry in result("speed")["memory"]
+    ]
+    return markdown(["model", "ours, MiB", "Marian, MiB", "nn.Transformer, MiB"], rows)
+
+
+def decoding_speed() -> str:
+    """Decoding against Marian's `generate()`, and `translate()` against a loop of `generate()` (`speed.py`)."""
+    generation = result("speed")["generation"]
+    rows = []
+    for search in ("greedy", "beam4"):
+        rates = generation[search]["sentences_per_sec"]
+        for mode in ("eager", "compiled"):
+            rows.append(
+                [
+                    f"`generate()`, {search.replace('beam4', 'beam 4')}, {mode}",
+                    f"{rates[f'ours {mode}']:,.1f}",
+                    f"{rates[f'marian {mode}']:,.1f} (Marian)",
+                    _x(generation[search]["ratio_ours_over_marian"][mode]),
+                ]
+            )
+    batched = generation["batched_translate"]
+    rows.append(
+        [
+            "`translate()` (length-sorted, token budget, shrinking beam search)",
+            f"{batched['sentences_per_sec']['translate']:,.1f}",
+            f"{batched['sentences_per_sec']['naive_loop']:,.1f} (a loop of `generate()`)",
+            _x(batched["ratio_translate_over_naive"]),
+        ]
+    )
+    return markdown(["decoding", "ours, sentences/s", "peer, sentences/s", "ratio"], rows)
+
+
+def deployment() -> str:
+    """Translating 1,000 test sentences with each engine (`benchmarks/deploy.py`)."""
+    deploy = result("deploy")
+    rows = [
+        [
+            f"`{engine}`",
+            f"{numbers['sentences_per_sec']:,.1f}",
+            f"{numbers['bleu']:.2f}",
+            f"{numbers['same_as_translate']:,} of {deploy['sentences']:,}",
+        ]
+        for engine, numbers in deploy["engines"].items()
+    ]
+    return markdown(["engine", "sentences/s", "sacreBLEU", "same output as translate()"], rows)
+
+
+def serving() -> str:
+    """The server against a plain loop and two other serving stacks (`benchmarks/serve.py`)."""
+    settings = result("serve")["settings"]
+    rows = [
+        [name, f"{numbers['sentences_per_sec']:,.1f}", f"{numbers['p50_ms']:,.0f}", f"{numbers['p99_ms']:,.0f}"]
+        for name, numbers in settings.items()
+    ]
+    return markdown(["setting", "sentences/s", "p50, ms", "p99, ms"], rows)
+
+
+def padding() -> str:
+    """Real tokens over padded tokens of the training batches (`benchmarks/padding.py`)."""
+    rows = [
+        [
+            f"{entry['max_tokens']:,}",
+            f"{entry['pairs_per_batch']:,.0f}",
+            f"{entry['token_budget']:.3f}",
+            f"{entry['random']:.3f}",
+        ]
+        for entry in result("padding")
+    ]
+    return markdown(["max_tokens", "pairs per batch", "token-budget batches", "random batches"], rows)
+
+
+def precision() -> str:
+    """The training step in each precision and attention, as a ratio to fp32 with sdpa (`benchmarks/precision.py`),
+    on each device it ran on."""
+    settings = list(result("precision")["ratio_to_fp32_sdpa"])
+    rows = []
+    for name in sorted(path.stem for path in RESULTS.glob("precision*.json")):
+        run = result(name)
+        where = f"{run.get('device', 'CPU')}, {run['threads']} threads (`{name}.json`)"
+        rows.append([where, *(_x(run["ratio_to_fp32_sdpa"][setting]) for setting in settings)])
+    return markdown(["device", *settings], rows)
+
+
+def headline() -> str:
+    """README's one table: quality and speed, each row with the command that reproduces it."""
+    run = result("multi30k")
+    average = run["average_last_10"]
+    test = average["test_2016_flickr"]["scores"]
+    speed = result("speed")
+    small = next(entry for entry in speed["training"] if entry["size"] == "small")
+    batched = speed["generation"]["batched_translate"]
+    deploy = result("deploy")["engines"]
+    rows = [
+        [
+            f"Multi30k en-de test_2016_flickr, sacreBLEU / tokenized lowercased BLEU: {run['recipe']}, "
+            f"{run['steps']:,} steps, average of the last 10",
+            f"{test['sacreBLEU']:.2f} / {test['tokenized BLEU, lowercased']:.2f}",
+            "`hf-transformer fit --config configs/multi30k.yaml` then `python benchmarks/quality.py --run-dir "
+            "runs/multi30k`",
+        ],
+        [
+            "training throughput against Marian / `nn.Transformer` (small model, CPU)",
+            f"{_x(small['ratio_ours_over']['marian'])} / {_x(small['ratio_ours_over']['nn.Transformer'])}",
+            "`python benchmarks/speed.py`",
+        ],
+        [
+            "`translate()` against a loop of `generate()` (sentences/s)",
+            _x(batched["ratio_translate_over_naive"]),
+            "`python benchmarks/speed.py`",
+        ],
+        [
+            "CTranslate2 int8 against `translate()` (sentences/s, CPU)",
+            _x(deploy["ctranslate2 int8"]["sentences_per_sec"] / deploy["translate()"]["sentences_per_sec"]),
+            "`python benchmarks/deploy.py --model exports/multi30k`",
+        ],
+    ]
+    return markdown(["result", "value", "reproduce"], rows)
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    function.__name__: function
+    for function in (
+        headline,
+        quality,
+        quality_signatures,
+        training_speed,
+        training_memory,
+        decoding_speed,
+        deployment,
+        serving,
+        padding,
+        precision,
+    )
+}
+
+
+def table(name: str) -> str:
+    """The Markdown table `name` (a key of `TABLES`)."""
+    if name not in TABLES:
+        raise KeyError(f"no table {name!r}: choose one of {', '.join(TABLES)}")
+    return TABLES[name]()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Print a results table as Markdown.")
+    parser.add_argument("name", choices=list(TABLES))
+    print(table(parser.parse_args().name))

@@ -1,0 +1,73 @@
+"""Sphinx configuration of hf-transformer's documentation (`python -m sphinx -W -n docs docs/_build/html`).
+
+Pages are Markdown (MyST). Some of their content is generated at build time, where a page holds a marker line:
+- `<!-- generated: table NAME -->`: a results table from `benchmarks/results/*.json` (`benchmarks/report.py`);
+- `<!-- generated: help COMMAND -->`: the `--help` of `hf-transformer COMMAND`, as its parser prints it.
+The API and configuration references come from the docstrings (autodoc).
+"""
+
+import contextlib
+import io
+import os
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import report  # noqa: E402  (benchmarks/report.py: the tables of the results pages)
+
+project = "hf-transformer"
+author = "hf-transformer contributors"
+copyright = "hf-transformer contributors"
+extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.viewcode"]
+myst_enable_extensions = ["colon_fence"]
+myst_heading_anchors = 3
+source_suffix = {".md": "markdown"}
+exclude_patterns = ["_build"]
+html_theme = "furo"
+html_title = "hf-transformer"
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_inherit_docstrings = False  # the methods Hugging Face's classes document are theirs
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+# Types from other libraries that autodoc names in signatures: no page of theirs in this site to link to.
+nitpick_ignore_regex = [
+    (r"py:.*", r"(torch|transformers|lightning|datasets|tokenizers|huggingface_hub|pathlib|numpy|fastapi)\..*"),
+    (r"py:class", r"GenerationMixin|PreTrainedTokenizer(Base|Fast)?|Module|Figure|Kind|CTranslate2Translator"),
+]
+
+MARKER = re.compile(r"^<!-- generated: (table|help) ([\w-]+) -->$", re.MULTILINE)
+
+
+def help_text(command: str) -> str:
+    """What `hf-transformer COMMAND --help` prints, 100 columns wide."""
+    from lightning_modules.cli import run
+
+    output = io.StringIO()
+    os.environ["COLUMNS"] = "100"
+    argv, sys.argv = sys.argv, ["hf-transformer"]  # LightningCLI warns when sys.argv holds other arguments
+    try:
+        with contextlib.redirect_stdout(output), contextlib.suppress(SystemExit):
+            run([command, "--help"] if command != "hf-transformer" else ["--help"])
+    finally:
+        sys.argv = argv
+    return output.getvalue().rstrip()
+
+
+def generated(match: re.Match) -> str:
+    kind, name = match.groups()
+    if kind == "table":
+        return report.table(name)
+    return f"```text\n{help_text(name)}\n```"
+
+
+def fill_markers(app, docname: str, source: list[str]) -> None:
+    source[0] = MARKER.sub(generated, source[0])
+
+
+def setup(app):
+    app.connect("source-read", fill_markers)
+    return {"parallel_read_safe": True}

@@ -1,0 +1,37 @@
+"""Decoding a trained model: `translate` for many sentences (length-sorted batches under a token budget, beam search
+that lets each sentence leave its batch once final, n-best lists), the attention maps of a translation, and
+`TranslationEngine`, one interface over our model and its CTranslate2 export for the commands and the server."""
+
+from .attention_maps import (
+    AttentionMaps,
+    alignment,
+    attention_maps,
+    format_alignment,
+    plot_attention,
+    plot_attention_heads,
+)
+from .translate import (
+    MAX_LENGTH_OFFSET,
+    Hypothesis,
+    SourceTruncatedWarning,
+    Translation,
+    beam_search,
+    translate,
+    translate_hypotheses,
+)
+
+__all__ = [
+    "MAX_LENGTH_OFFSET",
+    "AttentionMaps",
+    "Hypothesis",
+    "SourceTruncatedWarning",
+    "Translation",
+    "alignment",
+    "attention_maps",
+    "beam_search",
+    "format_alignment",
+    "plot_attention",
+    "plot_attention_heads",
+    "translate",
+    "translate_hypotheses",
+]

@@ -1,0 +1,77 @@
+"""A training checkpoint (or the average of several) as a model folder in any registered format
+(`hf_transformer.export.FORMATS`), with a model card that says how it was trained and how it scored."""
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from hf_transformer.errors import UserError
+from hf_transformer.export import DEFAULT_FORMAT, FORMATS, export_model
+from hf_transformer.hub.model_card import write_model_card
+
+from .checkpoint import (
+    average_checkpoints,
+    averaging_span_warning,
+    last_checkpoints,
+    load_checkpoint,
+    model_from_checkpoint,
+    tokenizer_from_checkpoint,
+)
+
+
+def checkpoint_to_export(
+    source: str | Path, average: int | None = None, report: TextIO | None = None
+) -> dict[str, Any]:
+    """The checkpoint `source`, or with `average` the average of the last `average` step checkpoints of its folder
+    (`source` a folder of checkpoints or a file in it), saying on `report` (default: standard output) which steps it
+    averaged."""
+    source = Path(source)
+    if not average:
+        return load_checkpoint(source)
+    folder = source if source.is_dir() else source.parent
+    checkpoint = average_checkpoints(last_checkpoints(folder, average))
+    steps = checkpoint["averaged_steps"]
+    print(
+        f"Averaged {len(steps)} checkpoints of {folder}, steps {', '.join(map(str, steps))}", file=report or sys.stdout
+    )
+    if warning := averaging_span_warning(steps):
+        print(f"Warning: {warning}", file=sys.stderr)
+    return checkpoint
+
+
+def read_results(path: str | Path) -> dict[str, float]:
+    """The scores for a model card in a JSON object of metric name -> number, as `hf-transformer test` writes them
+    (`test_scores.json`: `test/bleu`, `test/chrf`, ...)."""
+    try:
+        results = json.loads(Path(path).read_text(encoding="utf-8"))
+        return {str(name): float(value) for name, value in results.items()}
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        raise UserError(
+            f"--results {path}: expected a JSON object of metric name -> number, such as the test_scores.json that "
+            f"`hf-transformer test` writes ({err})"
+        ) from err
+
+
+def export_checkpoint(
+    checkpoint: dict[str, Any],
+    folder: str | Path,
+    format: str = DEFAULT_FORMAT,
+    *,
+    repo_id: str | None = None,
+    results: dict[str, float] | None = None,
+    wandb_url: str | None = None,
+    compute: str | None = None,
+    **options: Any,
+) -> Path:
+    """Write the model and the tokenizer of `checkpoint` into `folder` in `format` with that format's `options`, and,
+    for the formats that carry one, the model card (the keyword arguments of `write_model_card`: `repo_id`, the test
+    and validation `results`, the W&B run, the compute)."""
+    folder = export_model(
+        model_from_checkpoint(checkpoint), tokenizer_from_checkpoint(checkpoint), folder, format, **options
+    )
+    if FORMATS[format].has_card:
+        write_model_card(
+            folder, checkpoint, format=format, repo_id=repo_id, results=results, wandb_url=wandb_url, compute=compute
+        )
+    return folder

@@ -1,0 +1,41 @@
+"""The front page and the documentation say what the results JSON says: README's headline table is the one
+`benchmarks/report.py` generates, and every table a docs page asks for exists. (The site itself is built with
+warnings as errors by `.ci/run`: `python -m sphinx -W -n docs ...`.)"""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import report  # noqa: E402
+
+MARKER = re.compile(r"^<!-- generated: (table|help) ([\w-]+) -->$", re.MULTILINE)
+
+
+def test_readme_holds_the_headline_table_as_generated_from_the_results():
+    assert report.table("headline") in (ROOT / "README.md").read_text()
+
+
+def test_readme_is_a_front_page():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    assert not re.search(r"20\d\d-[01]\d-[0-3]\d", text), "dates belong in the results data, not the front page"
+
+
+@pytest.mark.parametrize("page", sorted((ROOT / "docs").rglob("*.md")), ids=lambda path: path.name)
+def test_every_generated_table_of_a_page_exists(page):
+    for kind, name in MARKER.findall(page.read_text()):
+        if kind == "table":
+            assert report.table(name).startswith("|")
+
+
+def test_a_table_changes_with_its_json(monkeypatch):
+    """The numbers come from the JSON: another JSON, another table."""
+    speed = report.result("speed")
+    changed = {**speed, "training": [{**speed["training"][0], "ratio_ours_over": {"marian": 9.5, "nn.Transformer": 1}}]}
+    monkeypatch.setattr(report, "result", lambda name: changed if name == "speed" else report.result.__wrapped__(name))
+    assert "9.50x" in report.table("training_speed")
