@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import datasets
 import pytest
 import sacrebleu
 import torch
@@ -695,6 +697,96 @@ def test_every_config_checkpoints_atomically_and_resumes_only_when_asked(configs
     assert resolved["checkpoint"]["save_last"] is True and resolved["checkpoint"]["every_n_train_steps"] > 0
     assert {"class_path": "lightning_modules.checkpoint.AtomicCheckpointIO"} in resolved["trainer"]["plugins"]
     assert resolved["trainer"]["default_root_dir"] == f"runs/{configs[-1].stem}"
+
+
+@pytest.mark.parametrize("config", sorted(DEMO.parent.rglob("*.yaml")), ids=lambda config: config.stem)
+def test_no_shipped_config_names_a_path_that_only_this_repository_has(config):
+    """A user elsewhere runs every config: data comes from the Hub or from a path they pass."""
+    settings = yaml.safe_load(config.read_text())
+    dataset = (settings.get("data") or {}).get("dataset")
+    assert dataset is None or dataset == "synthetic" or not Path(dataset).exists(), dataset
+    assert "../" not in config.read_text() and "/work/" not in config.read_text()
+
+
+def hub_copy_of_multi30k(folder: Path, pairs: int) -> Path:
+    """A folder laid out as the Hub copy bentrevett/multi30k: train.jsonl, val.jsonl, test.jsonl of {"en", "de"}."""
+    folder.mkdir()
+    words = ["a", "dog", "man", "runs", "on", "the", "grass", "two", "women", "play", "music", "in", "a", "park"]
+    german = ["ein", "Hund", "Mann", "rennt", "auf", "dem", "Gras", "zwei", "Frauen", "spielen", "Musik", "in", "einem"]
+    generator = random.Random(0)
+    for split, count in (("train", pairs), ("val", pairs // 8), ("test", pairs // 8)):
+        rows = []
+        for _ in range(count):
+            length = generator.randint(3, 9)
+            rows.append(
+                {
+                    "en": " ".join(generator.choices(words, k=length)),
+                    "de": " ".join(generator.choices(german, k=length)),
+                }
+            )
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+QUICK = ("--trainer.max_steps=3", "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0")
+
+
+@pytest.mark.slow
+def test_the_multi30k_recipe_trains_from_the_hub_copy_layout_or_a_folder_of_raw_files(run_dir):
+    """configs/multi30k.yaml names the Hub copy; a folder in its layout, or one of Multi30k's raw files, is one flag."""
+    hub_copy = hub_copy_of_multi30k(run_dir / "hub_copy", pairs=400)
+    config = str(DEMO.parent / "multi30k.yaml")
+    run(["fit", "--config", config, "--data.dataset", str(hub_copy), "--data.bpe_vocab_size=200", *QUICK])
+    assert load_checkpoint(run_dir / "runs/multi30k/checkpoints/last.ckpt")["global_step"] == 3
+    raw = os.environ.get("MULTI30K_DIR")
+    if raw:  # the splits val and test_2016_flickr answer to validation and test
+        root = "--trainer.default_root_dir=raw"
+        run(["fit", "--config", config, "--data.dataset", raw, "--trainer.max_steps=1", *QUICK[1:], root])
+        assert load_checkpoint(run_dir / "raw/checkpoints/last.ckpt")["global_step"] == 1
+
+
+def wmt14_layout(folder: Path, pairs: int) -> Path:
+    """A local dataset laid out as wmt/wmt14 on the Hub: a de-en configuration of parquet files whose rows hold a
+    `translation` dict."""
+    (folder / "de-en").mkdir(parents=True)
+    generator = random.Random(1)
+    for split, count in (("train", pairs), ("validation", pairs // 8), ("test", pairs // 8)):
+        rows = [
+            {
+                "translation": {
+                    "de": f"der Satz {generator.randint(0, 99)}",
+                    "en": f"the sentence {generator.randint(0, 99)}",
+                }
+            }
+            for _ in range(count)
+        ]
+        datasets.Dataset.from_list(rows).to_parquet(str(folder / "de-en" / f"{split}-00000-of-00001.parquet"))
+    (folder / "README.md").write_text(
+        "---\nconfigs:\n- config_name: de-en\n  data_files:\n"
+        + "".join(f"  - split: {s}\n    path: de-en/{s}-*\n" for s in ("train", "validation", "test"))
+        + "---\n"
+    )
+    return folder
+
+
+@pytest.mark.slow
+def test_the_paper_base_recipe_runs_on_the_wmt14_layout_on_a_cpu(run_dir):
+    """configs/wmt14_base.yaml as a user starts it, on a small local dataset in WMT14's Hub layout (translation
+    dicts), with the GPU settings overridden for this CPU and a tiny model."""
+    folder = wmt14_layout(run_dir / "wmt14", pairs=200)
+    base = DEMO.parent / "wmt14_base.yaml"
+    cpu = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.precision=32-true"]
+    tiny = [
+        "--model.compile=false",
+        "--model.config={d_model: 32, encoder_layers: 1, decoder_layers: 1, "
+        "encoder_attention_heads: 2, decoder_attention_heads: 2, encoder_ffn_dim: 64, decoder_ffn_dim: 64, "
+        "max_position_embeddings: 64}",
+        "--data.bpe_vocab_size=200",
+        "--data.num_workers=0",
+    ]
+    logger = ["--trainer.logger.init_args.offline=true"]
+    run(["fit", "--config", str(base), "--data.dataset", str(folder), *cpu, *tiny, *logger, *QUICK])
+    assert load_checkpoint(run_dir / "runs/wmt14_base/checkpoints/last.ckpt")["global_step"] == 3
 
 
 def test_the_demo_keeps_the_last_checkpoints_of_the_run_for_averaging():
