@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hf_transformer.errors import DataError
-from hf_transformer.token_budget import pack_token_budget
+from hf_transformer.token_budget import pack_token_budget, token_budget_boundaries
 from lightning_modules.data.batching import (
     ResumableDataLoader,
     TokenBudgetBatchSampler,
@@ -97,6 +97,32 @@ def test_packer_keeps_every_padded_batch_within_the_budget_in_the_given_order(ma
 
     order = np.random.default_rng(0).permutation(len(lengths)).tolist()
     assert [i for batch in pack_token_budget(lengths, 300, order=order) for i in batch] == order
+
+
+def greedy_batches(costs: list[int], max_tokens: int, max_sentences: int | None) -> list[list[int]]:
+    """The packing rule, item by item: a batch grows while n * (largest cost) stays within the budget."""
+    batches, current, longest = [], [], 0
+    for index, cost in enumerate(costs):
+        if current and ((len(current) + 1) * max(longest, cost) > max_tokens or len(current) == max_sentences):
+            batches.append(current)
+            current, longest = [], 0
+        current.append(index)
+        longest = max(longest, cost)
+    return batches + [current] if current else batches
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_array_packer_cuts_where_the_item_by_item_rule_does(seed):
+    """`token_budget_boundaries` looks at windows of items at once: the same batches as the rule applied one item at a
+    time, also with items over the budget, equal costs, zero costs and a sentence limit."""
+    rng = np.random.default_rng(seed)
+    costs = rng.integers(0 if seed % 5 == 0 else 1, 40, size=int(rng.integers(1, 300))).tolist()
+    if seed % 3 == 0:
+        costs[int(rng.integers(len(costs)))] = 500  # over the budget
+    max_tokens, max_sentences = int(rng.integers(40, 200)), [None, 1, 7][seed % 3]
+    boundaries = token_budget_boundaries(np.array(costs), max_tokens, max_sentences)
+    batches = [list(range(start, end)) for start, end in zip(boundaries[:-1], boundaries[1:], strict=True)]
+    assert batches == greedy_batches(costs, max_tokens, max_sentences)
 
 
 def test_packer_gives_an_item_over_the_budget_a_batch_of_its_own():

@@ -4,7 +4,10 @@ import csv
 import gzip
 import json
 import logging
+import os
 import re
+import subprocess
+import sys
 import unicodedata
 import warnings
 from collections import Counter
@@ -510,6 +513,79 @@ def test_tokenizer_training_says_that_it_runs_on_how_many_sentences_and_when_it_
     start = f"Training a 100-token BPE tokenizer on split 'train' of {tmp_path} ({sentences} sentences, "
     assert start in caplog.text
     assert re.search(rf"BPE tokenizer trained: \d+ tokens from {sentences} sentences in \d+\.\d s", caplog.text)
+
+
+def test_the_tokenizer_learns_from_a_seeded_sample_of_a_large_split_and_says_how_far_it_has_read(
+    tmp_path, caplog, monkeypatch
+):
+    """data.bpe_sample_size: a split larger than it trains the vocabulary on that many pairs drawn without
+    replacement (the same ones for the same seed), recorded in trained_on.json; a smaller split trains on all its
+    pairs and records no sample, as before samples were drawn. Progress lines come every PROGRESS_SENTENCES read."""
+    from lightning_modules.data import tokenization
+
+    monkeypatch.setattr(tokenization, "PROGRESS_SENTENCES", 20)
+    words = [f"w{i}" for i in range(60)]
+    rows = [{"en": f"{words[i // 60]} {words[i % 60]}", "de": f"{words[(3 * i) % 60]}"} for i in range(300)]
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    write_jsonl(tmp_path / "validation.jsonl", rows[:3])
+    write_jsonl(tmp_path / "test.jsonl", rows[:3])
+    rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    rank_zero_logger.addHandler(caplog.handler)
+    try:
+        samples = [local_module(tmp_path, bpe_sample_size=50, seed=seed)._bpe_sample() for seed in (0, 0, 1)]
+    finally:
+        rank_zero_logger.removeHandler(caplog.handler)
+    assert len(samples[0]) == 50 and len(set(samples[0]["source_text"])) == 50  # without replacement
+    assert samples[0]["source_text"] == samples[1]["source_text"] != samples[2]["source_text"]
+    assert "on a sample of 50 pairs of split 'train'" in caplog.text
+    # The sentences come in batches of one side of up to 1,000 pairs: a line after each batch that crosses a mark.
+    assert "BPE tokenizer: 50 of 100 sentences read" in caplog.text and "100 of 100 sentences read" in caplog.text
+    local_module(tmp_path, bpe_sample_size=50, tokenizer_dir=str(tmp_path / "tok"))
+    assert json.loads((tmp_path / "tok" / "trained_on.json").read_text())["bpe_sample_size"] == 50
+    local_module(tmp_path, bpe_sample_size=1000, tokenizer_dir=str(tmp_path / "all"))
+    assert "bpe_sample_size" not in json.loads((tmp_path / "all" / "trained_on.json").read_text())
+
+
+def test_the_processes_of_a_run_train_the_tokenizer_once(tmp_path):
+    """Every process of a run builds the data module; the first to take the tokenizer folder's lock trains and saves,
+    the others wait and load what it saved."""
+    write_jsonl(tmp_path / "train.jsonl", [{"en": s, "de": t} for s, t in PAIRS * 5])
+    write_jsonl(tmp_path / "validation.jsonl", [{"en": s, "de": t} for s, t in PAIRS])
+    write_jsonl(tmp_path / "test.jsonl", [{"en": s, "de": t} for s, t in PAIRS])
+    script = (
+        "import sys; from lightning_modules import TranslationDataModule; "
+        f"TranslationDataModule(dataset={str(tmp_path)!r}, source_lang='en', target_lang='de', bpe_vocab_size=100, "
+        f"bpe_min_frequency=1, tokenizer_dir={str(tmp_path / 'tok')!r})"
+    )
+    processes = [
+        subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+        for _ in range(2)
+    ]
+    logs = [process.communicate(timeout=300)[1] for process in processes]
+    assert all(process.returncode == 0 for process in processes), logs
+    assert sum("BPE tokenizer trained" in log for log in logs) == 1
+    assert sum("Loading the tokenizer saved in" in log for log in logs) == 1
+
+
+def test_a_split_prepared_once_is_read_from_the_cache_by_the_other_processes(tmp_path):
+    """`prepare_data` (one process per node) tokenizes into the datasets cache; a data module of another process, or
+    of a later run, sets up from that cache without tokenizing again: it writes no cache file of its own."""
+    write_jsonl(tmp_path / "train.jsonl", [{"en": s, "de": t} for s, t in PAIRS * 5])
+    write_jsonl(tmp_path / "validation.jsonl", [{"en": s, "de": t} for s, t in PAIRS])
+    write_jsonl(tmp_path / "test.jsonl", [{"en": s, "de": t} for s, t in PAIRS])
+    args = dict(dataset=str(tmp_path), source_lang="en", target_lang="de", bpe_vocab_size=100, bpe_min_frequency=1)
+    args |= dict(tokenizer_dir=str(tmp_path / "tok"))
+    TranslationDataModule(**args).prepare_data()
+    cache = tmp_path / "hf_datasets"  # the `offline_cache` fixture's
+
+    def tokenized() -> dict[Path, int]:
+        return {path: path.stat().st_mtime_ns for path in cache.rglob("cache-*.arrow")}
+
+    prepared = tokenized()
+    assert len(prepared) == 3  # train, validation, test
+    other = TranslationDataModule(**args)
+    other.setup()
+    assert tokenized() == prepared and len(other.train_dataloader()) > 0
 
 
 def test_filtered_pairs_are_counted_and_logged(tmp_path, caplog):

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Sampler
 from hf_transformer.errors import DataError
 from hf_transformer.model.integrity import check_token_ids
 from hf_transformer.model.loss import IGNORE_INDEX
-from hf_transformer.token_budget import pack_token_budget
+from hf_transformer.token_budget import token_budget_boundaries
 
 
 class TokenBudgetBatchSampler(Sampler[list[int]]):
@@ -23,9 +23,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
     So the padded source and the padded target tensor of a batch each hold at most `max_tokens` tokens, and at most
     `max_sentences` pairs when given. An epoch's plan: shuffle (seeded by `seed` and the epoch), sort by length,
-    pack greedily (`pack_token_budget`), shuffle the batches. Rank r of `world_size` takes batches r, r + world_size,
-    ...; the plan is split until every rank gets the same number, so the ranks cover each pair exactly once and none
-    waits for a batch that never comes. `shuffle=False` keeps a fixed order, for evaluation.
+    pack greedily (`token_budget_boundaries`), shuffle the batches. Rank r of `world_size` takes batches r,
+    r + world_size, ...; the plan is split until every rank gets the same number, so the ranks cover each pair exactly
+    once and none waits for a batch that never comes. `shuffle=False` keeps a fixed order, for evaluation.
     """
 
     def __init__(
@@ -39,8 +39,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
-        self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
-        self.target_lengths = np.asarray(target_lengths, dtype=np.int64)
+        # int32: 8 bytes a pair for both sides, and the plan's order 4 more (a plan of Python lists took ~100).
+        self.source_lengths = np.asarray(source_lengths, dtype=np.int32)
+        self.target_lengths = np.asarray(target_lengths, dtype=np.int32)
         if self.source_lengths.shape != self.target_lengths.shape:
             raise ValueError("source_lengths and target_lengths must have one entry per pair")
         if not 0 <= rank < world_size:
@@ -55,7 +56,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
         self.epoch = 0
         self._start = 0
-        self._cached_plan: tuple[int, list[list[int]]] | None = None
+        self._cached_plan: tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
     @property
     def sampler(self) -> "TokenBudgetBatchSampler":
@@ -66,7 +67,14 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.epoch = epoch
 
     def plan(self, epoch: int | None = None) -> list[list[int]]:
-        """The batches of all ranks for `epoch` (default: the current one); rank r gets `plan[r::world_size]`."""
+        """The batches of all ranks for `epoch` (default: the current one) as lists, rank r's being
+        `plan[r::world_size]`: for looking at a plan; iterating the sampler reads its arrays (`plan_arrays`)."""
+        order, starts, ends = self.plan_arrays(epoch)
+        return [order[start:end].tolist() for start, end in zip(starts, ends, strict=True)]
+
+    def plan_arrays(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """An epoch's plan as arrays: the pairs in packed order, and where each batch starts and ends in it, in the
+        order the batches are trained (batch k is `order[starts[k]:ends[k]]`)."""
         epoch = self.epoch if epoch is None else epoch
         if self._cached_plan is None or self._cached_plan[0] != epoch:
             self._cached_plan = (epoch, self._build_plan(epoch))
@@ -77,20 +85,27 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self._start = batch
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.plan()[self.rank + self._start * self.world_size :: self.world_size])
+        order, starts, ends = self.plan_arrays()
+        # The batches to yield are chosen now, not at the first `next`: `resume_at` applies to this iteration only.
+        batches = range(self.rank + self._start * self.world_size, len(starts), self.world_size)
+        return (order[starts[batch] : ends[batch]].tolist() for batch in batches)
 
     def __len__(self) -> int:
-        return len(self.plan()) // self.world_size
+        return len(self.plan_arrays()[1]) // self.world_size
 
-    def _build_plan(self, epoch: int) -> list[list[int]]:
+    def _build_plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         rng = np.random.default_rng([self.seed, epoch])
         count = len(self.source_lengths)
-        order = rng.permutation(count) if self.shuffle else np.arange(count)
-        cost = np.maximum(self.source_lengths, self.target_lengths).tolist()
-        batches = pack_token_budget(cost, self.max_tokens, self.max_sentences, self._length_order(order).tolist())
+        index = np.int32 if count < 2**31 else np.int64
+        order = rng.permutation(count).astype(index) if self.shuffle else np.arange(count, dtype=index)
+        order = self._length_order(order)
+        costs = np.maximum(self.source_lengths, self.target_lengths)[order]
+        boundaries = token_budget_boundaries(costs, self.max_tokens, self.max_sentences)
+        starts, ends = boundaries[:-1], boundaries[1:]
         if self.shuffle:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        return _split_until_divisible(batches, self.world_size)
+            shuffled = rng.permutation(len(starts))
+            starts, ends = starts[shuffled], ends[shuffled]
+        return order, *_split_until_divisible(starts, ends, self.world_size)
 
     def _length_order(self, order: np.ndarray) -> np.ndarray:
         """Sort by source length, then target length (a stable sort: pairs of equal lengths keep their shuffle).
@@ -102,22 +117,26 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         return order[np.lexsort((np.where(source % 2 == 0, target, -target), source))]
 
 
-def _split_until_divisible(batches: list[list[int]], world_size: int) -> list[list[int]]:
-    """Halve the largest batches until the count divides by `world_size`.
+def _split_until_divisible(
+    starts: np.ndarray, ends: np.ndarray, world_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Halve the largest batches (`starts[k]:ends[k]`) until their count divides by `world_size`, the halves taking
+    the batch's place.
 
     Ranks with fewer batches would leave the others waiting in an all-reduce forever; repeating batches to even out
     the counts (what DistributedSampler does) would count some pairs twice, which evaluation must not.
     """
-    while len(batches) % world_size:
-        largest = max(range(len(batches)), key=lambda i: len(batches[i]))
-        pairs = batches[largest]
-        if len(pairs) < 2:
+    while len(starts) % world_size:
+        largest = int(np.argmax(ends - starts))
+        size = int(ends[largest] - starts[largest])
+        if size < 2:
             raise DataError(
-                f"cannot give {world_size} ranks the same number of batches: {len(batches)} batches of one pair "
+                f"cannot give {world_size} ranks the same number of batches: {len(starts)} batches of one pair "
                 "each; use fewer devices or more data"
             )
-        batches[largest : largest + 1] = [pairs[: len(pairs) // 2], pairs[len(pairs) // 2 :]]
-    return batches
+        middle = starts[largest] + size // 2
+        starts, ends = np.insert(starts, largest + 1, middle), np.insert(ends, largest, middle)
+    return starts, ends
 
 
 def padding_efficiency(

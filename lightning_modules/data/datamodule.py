@@ -8,6 +8,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch.distributed as dist
 from datasets import Dataset
+from filelock import FileLock
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerFast
@@ -66,6 +67,9 @@ class TranslationDataModule(pl.LightningDataModule):
         tokenizer: an existing tokenizer (folder or Hub id) instead of training a BPE vocabulary.
         bpe_vocab_size: the size of the joint BPE vocabulary trained on the training split (37000 in the paper).
         bpe_min_frequency: how often a pair must occur to be merged.
+        bpe_sample_size: the BPE vocabulary learns from this many training pairs, drawn at random (seeded by `seed`)
+            from a larger split, so that a corpus of millions of pairs trains its tokenizer in minutes; null: all
+            pairs.
         tokenizer_dir: where the trained tokenizer is saved and reused on later runs of the same data.
         max_tokens: the token budget of a training batch: rows x longest sequence, per device (the paper: about 25000
             source and 25000 target tokens per step over 8 GPUs).
@@ -92,6 +96,7 @@ class TranslationDataModule(pl.LightningDataModule):
         tokenizer: str | None = None,
         bpe_vocab_size: int = 8000,
         bpe_min_frequency: int = 2,
+        bpe_sample_size: int | None = 1_000_000,
         tokenizer_dir: str | None = None,
         max_tokens: int = 4096,
         max_sentences: int | None = None,
@@ -129,29 +134,57 @@ class TranslationDataModule(pl.LightningDataModule):
         hp = self.hparams
         if hp.tokenizer is not None:
             return load_tokenizer(hp.tokenizer)
-        if has_saved_tokenizer(hp.tokenizer_dir):
-            check_trained_on(hp.tokenizer_dir, self._tokenizer_recipe())
-            rank_zero_info(f"Loading the tokenizer saved in {hp.tokenizer_dir}, trained earlier on the same data")
-            return load_tokenizer(hp.tokenizer_dir)
-        pairs = self.raw_pairs(hp.train_split)
+        if hp.tokenizer_dir is None:
+            return self._train_tokenizer()
+        # Every process of a run builds the data module: the first to take the lock trains and saves the tokenizer,
+        # the others (and later runs of the same data) load it.
+        Path(hp.tokenizer_dir).mkdir(parents=True, exist_ok=True)
+        with FileLock(Path(hp.tokenizer_dir) / ".training.lock"):
+            if has_saved_tokenizer(hp.tokenizer_dir):
+                check_trained_on(hp.tokenizer_dir, self._tokenizer_recipe())
+                rank_zero_info(f"Loading the tokenizer saved in {hp.tokenizer_dir}, trained earlier on the same data")
+                return load_tokenizer(hp.tokenizer_dir)
+            tokenizer = self._train_tokenizer()
+            save_tokenizer(tokenizer, hp.tokenizer_dir, self._tokenizer_recipe())
+            return tokenizer
+
+    def _train_tokenizer(self) -> PreTrainedTokenizerFast:
+        """A joint BPE vocabulary trained on the training split, or on a seeded sample of `bpe_sample_size` pairs."""
+        hp = self.hparams
+        pairs = self._bpe_sample()
+        split = f"split {hp.train_split!r} of {hp.dataset}"
+        if len(pairs) < len(self.raw_pairs(hp.train_split)):
+            split = f"a sample of {len(pairs):,} pairs of {split} (data.bpe_sample_size)"
         rank_zero_info(
-            f"Training a {hp.bpe_vocab_size}-token BPE tokenizer on split {hp.train_split!r} of {hp.dataset} "
-            f"({2 * len(pairs):,} sentences, source and target)"
+            f"Training a {hp.bpe_vocab_size}-token BPE tokenizer on {split} ({2 * len(pairs):,} sentences, source "
+            "and target)"
         )
         rows = pairs.iter(batch_size=1000)
         sentences = (batch[side] for batch in rows for side in ("source_text", "target_text"))
-        tokenizer = train_bpe_tokenizer(sentences, hp.bpe_vocab_size, hp.bpe_min_frequency)
-        if hp.tokenizer_dir is not None:
-            save_tokenizer(tokenizer, hp.tokenizer_dir, self._tokenizer_recipe())
-        return tokenizer
+        return train_bpe_tokenizer(sentences, hp.bpe_vocab_size, hp.bpe_min_frequency, total=2 * len(pairs))
+
+    def _bpe_sample(self) -> Dataset:
+        """The training pairs the tokenizer learns from: all of them, or `bpe_sample_size` drawn without replacement
+        (seeded by `seed`) from a larger split, in the split's order."""
+        pairs, size = self.raw_pairs(self.hparams.train_split), self.hparams.bpe_sample_size
+        if size is None or len(pairs) <= size:
+            return pairs
+        chosen = np.random.default_rng(self.hparams.seed).choice(len(pairs), size=size, replace=False)
+        return pairs.select(np.sort(chosen))
 
     def _tokenizer_recipe(self) -> dict[str, Any]:
-        """What a trained tokenizer depends on: the training data and the BPE settings."""
+        """What a trained tokenizer depends on: the training data and the BPE settings (the sample size only where it
+        sampled, so that a record written before samples were drawn still matches)."""
+        hp = self.hparams
         names = ["dataset", "dataset_config", "train_split", "source_lang", "target_lang"]
         names += ["bpe_vocab_size", "bpe_min_frequency"]
-        if self.hparams.dataset == "synthetic":
+        if hp.dataset == "synthetic":
             names += ["synthetic_train_size", "seed"]
-        return {name: self.hparams[name] for name in names}
+        recipe = {name: hp[name] for name in names}
+        sampled = hp.bpe_sample_size is not None and len(self.raw_pairs(hp.train_split)) > hp.bpe_sample_size
+        if sampled:
+            recipe |= {"bpe_sample_size": hp.bpe_sample_size, "seed": hp.seed}
+        return recipe
 
     # -------------------------------------------------------------------------------------------------- splits
     def _split_name(self, role: str) -> str:
@@ -173,6 +206,17 @@ class TranslationDataModule(pl.LightningDataModule):
                     hp.dataset, hp.dataset_config, split, hp.source_lang, hp.target_lang
                 )
         return self._raw_splits[split]
+
+    def prepare_data(self) -> None:
+        """Lightning calls this on one process per node before every process sets up: the splits the run needs are
+        tokenized into the `datasets` cache next to the data (for data read from files or the Hub, which `datasets`
+        keeps on disk), and the other processes' `setup` then memory-maps that cache instead of tokenizing the corpus
+        again; so does a later run of the same data and tokenizer."""
+        stage = self.trainer.state.fn if self.trainer is not None else None
+        for role in _ROLES_OF_STAGE.get(stage, ("train", "validation", "test")):
+            pairs = self.raw_pairs(self._split_name(role))
+            if pairs.cache_files:  # in memory (the synthetic task), there would be nothing to share
+                self._tokenize(pairs)
 
     def setup(self, stage: str | None = None) -> None:
         roles = _ROLES_OF_STAGE.get(stage, ("train", "validation", "test"))

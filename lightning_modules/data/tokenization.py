@@ -22,7 +22,13 @@ PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = {"pad_token": PAD, "bos_token": BOS, "eos_token": EOS, "unk_token": UNK}
 
 
-def train_bpe_tokenizer(texts: Iterable[list[str]], vocab_size: int, min_frequency: int) -> PreTrainedTokenizerFast:
+# Tokenizer training says how far it has read every this many sentences.
+PROGRESS_SENTENCES = 1_000_000
+
+
+def train_bpe_tokenizer(
+    texts: Iterable[list[str]], vocab_size: int, min_frequency: int, total: int | None = None
+) -> PreTrainedTokenizerFast:
     """Train one BPE vocabulary shared by source and target on batches of sentences.
 
     NFKC normalisation and a Metaspace pre-tokenizer make `decode(encode(s))` give back `s` for ordinary text.
@@ -30,7 +36,8 @@ def train_bpe_tokenizer(texts: Iterable[list[str]], vocab_size: int, min_frequen
     makes them: otherwise "Büsche." and "Büsche" share no token, and a 10,000-token Multi30k vocabulary spent 1,546
     tokens on words glued to a mark ("▁Blumen.", "▁Frau,"). Digits are split one by one so that numbers are spelled
     out digit by digit (the synthetic task needs it; real text loses little). Encoding appends `</s>` and no `<s>`:
-    the model starts decoding from `<s>` itself.
+    the model starts decoding from `<s>` itself. Every `PROGRESS_SENTENCES` sentences read it says how far it is (of
+    `total`, where given).
     """
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
     tokenizer.normalizer = normalizers.NFKC()
@@ -46,6 +53,9 @@ def train_bpe_tokenizer(texts: Iterable[list[str]], vocab_size: int, min_frequen
     def counted(batches: Iterable[list[str]]) -> Iterable[list[str]]:
         nonlocal sentences
         for batch in batches:
+            if (sentences + len(batch)) // PROGRESS_SENTENCES > sentences // PROGRESS_SENTENCES:
+                read = f"{sentences + len(batch):,}" + (f" of {total:,}" if total else "")
+                rank_zero_info(f"BPE tokenizer: {read} sentences read, {time.monotonic() - started:.0f} s")
             sentences += len(batch)
             yield batch
 
