@@ -117,9 +117,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         return order[np.lexsort((np.where(source % 2 == 0, target, -target), source))]
 
 
-def _split_until_divisible(
-    starts: np.ndarray, ends: np.ndarray, world_size: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _split_until_divisible(starts: np.ndarray, ends: np.ndarray, world_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Halve the largest batches (`starts[k]:ends[k]`) until their count divides by `world_size`, the halves taking
     the batch's place.
 
