@@ -33,6 +33,26 @@ RUN_ID = "run_id"
 UNREADABLE = (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError)
 
 
+def every_rank(state: dict[str, Any]) -> dict[str, Any]:
+    """`state` as every rank of the run holds it: a checkpoint is written by rank 0, but the ranks of a DDP run draw
+    random numbers (and read a stream) at their own pace. Every rank must call it: it is a collective."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return {"ranks": [state]}
+    states: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(states, state)
+    return {"ranks": states}
+
+
+def this_ranks(saved: dict[str, Any]) -> dict[str, Any]:
+    """This rank's part of what `every_rank` saved (a run resumed on fewer ranks takes theirs in order)."""
+    if "ranks" not in saved:
+        return saved  # a checkpoint of 0.3, which saved rank 0's state only
+    rank = (
+        torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
+    )
+    return saved["ranks"][rank % len(saved["ranks"])]
+
+
 def unreadable_checkpoint(path: str | Path, error: Exception) -> CheckpointError:
     return CheckpointError(
         f"{path} is not a readable checkpoint ({type(error).__name__}: {error}): it is truncated, corrupt or no "

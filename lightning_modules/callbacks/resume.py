@@ -20,14 +20,15 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from hf_transformer.errors import DiskFull, EarlierRunFound, FolderInUse
 from hf_transformer.model.integrity import non_finite_tensors
 
-from ..checkpoint import RUN_ID, read_checkpoint
+from ..checkpoint import RUN_ID, every_rank, read_checkpoint, this_ranks
 
 
 class ExactResume(pl.Callback):
     """Saves the random number generators' state with each checkpoint and restores it at the first batch after a
     resume, so that dropout masks continue where they were and a resumed run trains exactly like one that never
     stopped. Restored at the first batch rather than on load: re-creating the data iterator draws from the global RNG
-    in between."""
+    in between. Each rank's state is saved: DDP ranks draw dropout masks for batches of their own shapes, so their
+    generators part after the first step."""
 
     def __init__(self) -> None:
         self._pending: dict[str, Any] | None = None
@@ -36,10 +37,10 @@ class ExactResume(pl.Callback):
         state = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             state["cuda"] = torch.cuda.get_rng_state_all()
-        return state
+        return every_rank(state)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._pending = state_dict
+        self._pending = this_ranks(state_dict)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int

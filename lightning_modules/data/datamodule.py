@@ -7,7 +7,7 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch.distributed as dist
-from datasets import Dataset
+from datasets import Dataset, IterableDataset
 from filelock import FileLock
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
@@ -17,6 +17,7 @@ from hf_transformer.errors import DataError
 
 from .batching import ResumableDataLoader, TokenBudgetBatchSampler, TranslationCollator
 from .sources import check_source, load_split, to_pairs
+from .streaming import StreamLoader, TokenBudgetStream, stream_split
 from .synthetic import SOURCE_LANG, TARGET_LANG, synthetic_splits
 from .tokenization import (
     backend_tokenizer,
@@ -70,6 +71,11 @@ class TranslationDataModule(pl.LightningDataModule):
         bpe_sample_size: the BPE vocabulary learns from this many training pairs, drawn at random (seeded by `seed`)
             from a larger split, so that a corpus of millions of pairs trains its tokenizer in minutes; null: all
             pairs.
+        streaming: read the training split as a stream (`datasets` streaming: a Hub dataset or local files), for
+            corpora too large to tokenize ahead or to hold on disk: shuffled by shard order and a buffer, split between
+            the ranks, tokenized and batched `stream_buffer` pairs at a time (`streaming.py`); training is then bounded
+            by trainer.max_steps. Validation and test are prepared as without it.
+        stream_buffer: the pairs a stream shuffles among, and sorts by length to pack batches from.
         tokenizer_dir: where the trained tokenizer is saved and reused on later runs of the same data.
         max_tokens: the token budget of a training batch: rows x longest sequence, per device (the paper: about 25000
             source and 25000 target tokens per step over 8 GPUs).
@@ -97,6 +103,8 @@ class TranslationDataModule(pl.LightningDataModule):
         bpe_vocab_size: int = 8000,
         bpe_min_frequency: int = 2,
         bpe_sample_size: int | None = 1_000_000,
+        streaming: bool = False,
+        stream_buffer: int = 100_000,
         tokenizer_dir: str | None = None,
         max_tokens: int = 4096,
         max_sentences: int | None = None,
@@ -114,6 +122,11 @@ class TranslationDataModule(pl.LightningDataModule):
             raise DataError(f"source_lang and target_lang are both {source_lang!r}: choose two different languages")
         if dataset != "synthetic":
             check_source(dataset)
+        elif streaming:
+            raise DataError(
+                "data.streaming reads a dataset of files or of the Hub; the synthetic task is made in memory: set "
+                "data.streaming to false"
+            )
         if max_tokens < max(max_source_positions, max_target_positions):
             raise DataError(
                 f"max_tokens={max_tokens} is smaller than max_source_positions={max_source_positions} or "
@@ -153,7 +166,7 @@ class TranslationDataModule(pl.LightningDataModule):
         hp = self.hparams
         pairs = self._bpe_sample()
         split = f"split {hp.train_split!r} of {hp.dataset}"
-        if len(pairs) < len(self.raw_pairs(hp.train_split)):
+        if hp.streaming or len(pairs) < len(self.raw_pairs(hp.train_split)):
             split = f"a sample of {len(pairs):,} pairs of {split} (data.bpe_sample_size)"
         rank_zero_info(
             f"Training a {hp.bpe_vocab_size}-token BPE tokenizer on {split} ({2 * len(pairs):,} sentences, source "
@@ -165,7 +178,12 @@ class TranslationDataModule(pl.LightningDataModule):
 
     def _bpe_sample(self) -> Dataset:
         """The training pairs the tokenizer learns from: all of them, or `bpe_sample_size` drawn without replacement
-        (seeded by `seed`) from a larger split, in the split's order."""
+        (seeded by `seed`) from a larger split, in the split's order; of a stream, its first `bpe_sample_size` pairs
+        after a shuffle."""
+        hp = self.hparams
+        if hp.streaming:
+            stream = self._train_stream().shuffle(seed=hp.seed, buffer_size=hp.stream_buffer)
+            return Dataset.from_list(list(stream.take(hp.bpe_sample_size or 1_000_000)))
         pairs, size = self.raw_pairs(self.hparams.train_split), self.hparams.bpe_sample_size
         if size is None or len(pairs) <= size:
             return pairs
@@ -181,7 +199,9 @@ class TranslationDataModule(pl.LightningDataModule):
         if hp.dataset == "synthetic":
             names += ["synthetic_train_size", "seed"]
         recipe = {name: hp[name] for name in names}
-        sampled = hp.bpe_sample_size is not None and len(self.raw_pairs(hp.train_split)) > hp.bpe_sample_size
+        sampled = hp.streaming or (
+            hp.bpe_sample_size is not None and len(self.raw_pairs(hp.train_split)) > hp.bpe_sample_size
+        )
         if sampled:
             recipe |= {"bpe_sample_size": hp.bpe_sample_size, "seed": hp.seed}
         return recipe
@@ -213,14 +233,22 @@ class TranslationDataModule(pl.LightningDataModule):
         keeps on disk), and the other processes' `setup` then memory-maps that cache instead of tokenizing the corpus
         again; so does a later run of the same data and tokenizer."""
         stage = self.trainer.state.fn if self.trainer is not None else None
-        for role in _ROLES_OF_STAGE.get(stage, ("train", "validation", "test")):
+        for role in self._prepared_roles(stage):
             pairs = self.raw_pairs(self._split_name(role))
             if pairs.cache_files:  # in memory (the synthetic task), there would be nothing to share
                 self._tokenize(pairs)
 
-    def setup(self, stage: str | None = None) -> None:
+    def _prepared_roles(self, stage: str | None) -> tuple[str, ...]:
+        """The splits a stage tokenizes ahead: all it uses, but a streamed training split."""
         roles = _ROLES_OF_STAGE.get(stage, ("train", "validation", "test"))
-        for role in roles:
+        return tuple(role for role in roles if not (role == "train" and self.hparams.streaming))
+
+    def _train_stream(self) -> IterableDataset:
+        hp = self.hparams
+        return stream_split(hp.dataset, hp.dataset_config, hp.train_split, hp.source_lang, hp.target_lang)
+
+    def setup(self, stage: str | None = None) -> None:
+        for role in self._prepared_roles(stage):
             self._prepare(role)
         if stage in (None, "fit") and self.hparams.tokenizer is None and self.hparams.tokenizer_dir is None:
             self._save_tokenizer_with_run()
@@ -351,8 +379,35 @@ class TranslationDataModule(pl.LightningDataModule):
             world_size=world_size,
         )
 
-    def train_dataloader(self) -> ResumableDataLoader:
-        return self._loader("train", ResumableDataLoader, self.hparams.max_tokens, shuffle=True)
+    def train_dataloader(self) -> ResumableDataLoader | StreamLoader:
+        hp = self.hparams
+        if not hp.streaming:
+            return self._loader("train", ResumableDataLoader, hp.max_tokens, shuffle=True)
+        rank, world_size = self._rank_and_world_size()
+        encoder = backend_tokenizer(self.tokenizer.backend_tokenizer.to_str())
+        stream = TokenBudgetStream(
+            self._train_stream(),
+            lambda texts: [encoding.ids for encoding in encoder.encode_batch(texts)],
+            hp.max_tokens,
+            hp.max_source_positions,
+            hp.max_target_positions,
+            max_sentences=hp.max_sentences,
+            shuffle_buffer=hp.stream_buffer,
+            sort_buffer=hp.stream_buffer,
+            seed=hp.seed,
+            rank=rank,
+            world_size=world_size,
+        )
+        return StreamLoader(stream, self._collator, batches=self._streamed_batches())
+
+    def _streamed_batches(self) -> int:
+        """The batches a run trains from a stream: trainer.max_steps, each of `accumulate_grad_batches` batches."""
+        trainer = self.trainer
+        if trainer is None or trainer.max_steps < 1:
+            raise DataError(
+                "data.streaming trains from an endless stream: set trainer.max_steps, the number of updates to train"
+            )
+        return trainer.max_steps * trainer.accumulate_grad_batches
 
     def val_dataloader(self) -> DataLoader:
         return self._loader("validation", DataLoader, self.hparams.eval_max_tokens, shuffle=False)

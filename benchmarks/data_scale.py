@@ -1,0 +1,243 @@
+"""How preparing a corpus scales: synthetic parallel corpora on disk of growing size, prepared by
+`TranslationDataModule` as a run prepares them, phase by phase, in a fresh process per measurement.
+
+    python benchmarks/data_scale.py --sizes 200000 1000000 4500000 20000000 [--ddp]
+
+For each size it writes a corpus (`train.en`, `train.de`, 1,000 validation and test pairs; sentence lengths drawn
+around 25 tokens, a vocabulary that grows with the corpus), then measures, each in a new process:
+
+- first run: reading the corpus, training the tokenizer (on `data.bpe_sample_size` pairs), tokenizing every split
+  (`prepare_data`), building the epoch's batch plan, the first batch; peak resident memory; the size of the cache;
+- tokenization pairs/s next to the `tokenizers` library's own `encode_batch` on the same sentences;
+- second run of the same data (the tokenizer and the tokenized splits cached): the time to the first batch;
+- with `--ddp`, `hf-transformer fit` on two CPU processes for one step: each rank's time to its first step and peak
+  memory.
+
+Results go to `benchmarks/results/data_scale.json` and a plot beside it.
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+EVAL_PAIRS = 1_000
+
+
+def vocabulary(size: int, seed: int) -> np.ndarray:
+    """`size` distinct made-up words of consonant-vowel syllables, so that BPE finds subwords as in real text."""
+    generator = np.random.default_rng(seed)
+    syllables = np.array([c + v for c in "bcdfghklmnprstvz" for v in "aeiou"])
+    words: set[str] = set()
+    while len(words) < size:
+        counts = generator.integers(1, 5, size=size)
+        parts = syllables[generator.integers(len(syllables), size=int(counts.sum()))]
+        words.update("".join(word) for word in np.split(parts, np.cumsum(counts)[:-1]))
+    return generator.permutation(sorted(words)[:size])  # the frequent words are not the alphabetically first
+
+
+def half_sentences(words: np.ndarray, lengths: np.ndarray, generator: np.random.Generator) -> list[str]:
+    """Sentences of these lengths, of Zipf-distributed words (the word of rank r drawn with weight 1/r)."""
+    cumulative = np.cumsum(1 / np.arange(1, len(words) + 1))
+    drawn = words[np.searchsorted(cumulative, generator.random(int(lengths.sum())) * cumulative[-1])]
+    return [" ".join(sentence) for sentence in np.split(drawn, np.cumsum(lengths)[:-1])]
+
+
+def write_corpus(folder: Path, pairs: int, seed: int = 0) -> None:
+    """Line-aligned `{split}.en` and `{split}.de`. Each line joins two halves drawn from a pool of up to 500,000
+    half-sentences per language (aligned across the languages, of about the same length), so that a corpus of
+    millions of pairs is written in a minute and still has a distinct line almost everywhere. The words are
+    Zipf-distributed over a vocabulary of 30 * sqrt(pairs) words per language (it grows with the corpus); sentence
+    lengths come out around 25 words, the tail cut at 120."""
+    folder.mkdir(parents=True, exist_ok=True)
+    generator = np.random.default_rng(seed)
+    halves = min(pairs, 500_000)
+    lengths = np.clip(generator.lognormal(2.4, 0.5, halves).astype(int), 1, 60)
+    pools = {}
+    for index, lang in enumerate(("en", "de")):
+        noise = generator.integers(-1, 2, halves) if lang == "de" else 0
+        words = vocabulary(int(30 * pairs**0.5), seed=index)
+        pools[lang] = half_sentences(words, np.clip(lengths + noise, 1, 60), generator)
+    for split, count in (("train", pairs), ("val", EVAL_PAIRS), ("test", EVAL_PAIRS)):
+        with open(folder / f"{split}.en", "w", encoding="utf-8") as en, open(folder / f"{split}.de", "w") as de:
+            for start in range(0, count, 1_000_000):
+                size = min(1_000_000, count - start)
+                first, second = generator.integers(halves, size=size), generator.integers(halves, size=size)
+                for lang, file in (("en", en), ("de", de)):
+                    pool = pools[lang]
+                    file.write("".join(f"{pool[a]} {pool[b]} .\n" for a, b in zip(first, second, strict=True)))
+
+
+def peak_memory_mib() -> float:
+    """This process's peak resident memory (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (2**20 if sys.platform == "darwin" else 2**10)
+
+
+def prepare(folder: str, work: str) -> dict:
+    """One run's preparation of the corpus in `folder`, phase by phase (run in a fresh process)."""
+    started = time.perf_counter()
+    from lightning_modules import TranslationDataModule
+    from lightning_modules.data.datamodule import _encode_pairs  # noqa: F401  (imported before the clock starts)
+
+    phases = {"import": time.perf_counter() - started}
+    args = dict(dataset=folder, source_lang="en", target_lang="de", validation_split="val", test_split="test")
+    args |= dict(tokenizer_dir=str(Path(work) / "tokenizer"), bpe_vocab_size=32000, max_tokens=8192)
+    clock = time.perf_counter()
+    from lightning_modules.data.sources import load_split
+
+    load_split(folder, None, "train", "en", "de")  # read into the datasets cache (the first time) or mapped from it
+    phases["read"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    data = TranslationDataModule(**args)
+    phases["tokenizer"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    data.prepare_data()
+    phases["tokenize"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    data.setup("fit")
+    loader = data.train_dataloader()
+    batches = len(loader)
+    phases["plan"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    next(iter(loader))
+    phases["first_batch"] = time.perf_counter() - clock
+    return {
+        "phases_s": phases,
+        "to_first_batch_s": time.perf_counter() - started,
+        "batches": batches,
+        "peak_memory_mib": peak_memory_mib(),
+    }
+
+
+def reference_encoding(folder: str, work: str, pairs: int) -> dict:
+    """Pairs/s of the `tokenizers` library's `encode_batch` on the same sentences (batches of 1,000 pairs), with the
+    tokenizer the run trained: the limit of any pipeline built on it."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(work) / "tokenizer" / "tokenizer.json"))
+    sides = [Path(folder, f"train.{lang}").read_text(encoding="utf-8").splitlines()[:pairs] for lang in ("en", "de")]
+    started = time.perf_counter()
+    for start in range(0, pairs, 1000):
+        for side in sides:
+            tokenizer.encode_batch(side[start : start + 1000])
+    return {"pairs": pairs, "pairs_per_s": pairs / (time.perf_counter() - started)}
+
+
+def in_fresh_process(function: str, *args: str | int) -> dict:
+    """`function(*args)` of this file in a new Python process (its own peak memory, nothing cached in memory)."""
+    code = f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import data_scale; "
+    code += f"print(json.dumps(data_scale.{function}(*{args!r})))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def ddp_first_step(folder: str, work: str) -> dict:
+    """`hf-transformer fit` on two CPU processes for one step of a tiny model: wall time and each rank's peak
+    memory at its first step (`FirstStep`, below)."""
+    root = Path(work) / "ddp"
+    command = [sys.executable, "-m", "lightning_modules.cli", "fit", "--data.dataset", folder]
+    command += ["--data.source_lang=en", "--data.target_lang=de", "--data.validation_split=val"]
+    command += ["--data.test_split=test", f"--data.tokenizer_dir={Path(work) / 'tokenizer'}"]
+    command += ["--data.bpe_vocab_size=32000", "--data.max_tokens=8192", "--trainer.max_steps=1"]
+    command += ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp"]
+    command += [
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.limit_val_batches=0",
+        f"--trainer.default_root_dir={root}",
+    ]
+    command += [
+        "--model.config={d_model: 32, encoder_layers: 1, decoder_layers: 1, encoder_attention_heads: 2, "
+        "decoder_attention_heads: 2, encoder_ffn_dim: 64, decoder_ffn_dim: 64, max_position_embeddings: 256}"
+    ]
+    command += ["--trainer.callbacks+=data_scale.FirstStep", f"--trainer.callbacks.out={root / 'first_step'}"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    started = time.time()
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    if result.returncode:
+        raise SystemExit(f"hf-transformer fit on two processes failed:\n{result.stderr[-3000:]}")
+    ranks = [json.loads(path.read_text()) for path in sorted(root.glob("first_step.*.json"))]
+    return {"wall_s": time.time() - started, "ranks": ranks, "started": started}
+
+
+class FirstStep(pl.Callback):
+    """Writes, at a rank's first training batch, its wall clock time and peak memory to `{out}.{rank}.json`."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx: int) -> None:
+        if batch_idx == 0:
+            record = {"rank": trainer.global_rank, "time": time.time(), "peak_memory_mib": peak_memory_mib()}
+            Path(f"{self.out}.{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+def folder_size_mib(folder: Path) -> float:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[200_000, 1_000_000, 4_500_000, 20_000_000])
+    parser.add_argument("--reference-pairs", type=int, default=1_000_000, help="pairs encoded by the reference")
+    parser.add_argument("--ddp", action="store_true", help="also time hf-transformer fit on two CPU processes")
+    parser.add_argument("--work", default=None, help="where the corpora and caches go (default: a temporary folder)")
+    parser.add_argument("--out", default=str(RESULTS / "data_scale.json"))
+    args = parser.parse_args()
+    report = {"cpus": os.cpu_count(), "sizes": []}
+    with tempfile.TemporaryDirectory(dir=args.work) as scratch:
+        for size in args.sizes:
+            work = Path(scratch) / str(size)
+            corpus = work / "corpus"
+            started = time.perf_counter()
+            write_corpus(corpus, size)
+            entry = {"pairs": size, "corpus_mib": folder_size_mib(corpus), "write_s": time.perf_counter() - started}
+            os.environ["HF_DATASETS_CACHE"] = str(work / "datasets_cache")
+            entry["first_run"] = in_fresh_process("prepare", str(corpus), str(work))
+            entry["cache_mib"] = folder_size_mib(work / "datasets_cache")
+            entry["second_run"] = in_fresh_process("prepare", str(corpus), str(work))
+            reference = in_fresh_process("reference_encoding", str(corpus), str(work), min(size, args.reference_pairs))
+            ours = size / entry["first_run"]["phases_s"]["tokenize"]
+            entry["tokenization"] = {"ours_pairs_per_s": ours, "encode_batch": reference}
+            entry["tokenization"]["ratio_to_encode_batch"] = ours / reference["pairs_per_s"]
+            if args.ddp:
+                entry["ddp_2_processes"] = ddp_first_step(str(corpus), str(work))
+            print(json.dumps(entry, indent=1), flush=True)
+            report["sizes"].append(entry)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    plot(report, Path(args.out).with_suffix(".png"))
+    print(f"Written to {args.out}")
+
+
+def plot(report: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [entry["pairs"] for entry in report["sizes"]]
+    figure, (times, memory) = plt.subplots(1, 2, figsize=(11, 4))
+    for phase in ("read", "tokenizer", "tokenize", "plan", "first_batch"):
+        times.plot(sizes, [entry["first_run"]["phases_s"][phase] for entry in report["sizes"]], "o-", label=phase)
+    times.plot(sizes, [entry["second_run"]["to_first_batch_s"] for entry in report["sizes"]], "k--", label="second run")
+    times.set(xscale="log", yscale="log", xlabel="training pairs", ylabel="seconds", title="Preparing a corpus")
+    times.legend()
+    memory.plot(sizes, [entry["first_run"]["peak_memory_mib"] for entry in report["sizes"]], "o-", label="first run")
+    memory.plot(sizes, [entry["second_run"]["peak_memory_mib"] for entry in report["sizes"]], "o-", label="second run")
+    memory.set(xscale="log", xlabel="training pairs", ylabel="MiB", title="Peak resident memory")
+    memory.legend()
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

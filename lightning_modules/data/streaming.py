@@ -1,0 +1,201 @@
+"""Training batches from a stream of pairs, for corpora too large to tokenize ahead or to hold on disk
+(`data.streaming: true`): a `datasets.IterableDataset` read as it goes, shuffled by shard order and a buffer, split
+between the ranks, tokenized and cut into token-budget batches a buffer at a time.
+
+The stream has no end: when a rank's share is exhausted it starts the next pass (epoch), shuffled anew, so that every
+rank always has a next batch and training is bounded by `trainer.max_steps` (a rank with fewer pairs never leaves the
+others waiting in an all-reduce). A loader's position is the pass and the batches it has given in it; a resumed run
+reads that pass again up to its position (without training on it), so it continues exactly where it stopped, at the
+cost of reading and tokenizing the pass so far once more.
+"""
+
+import gzip
+from collections.abc import Callable, Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from datasets import IterableDataset, load_dataset
+from datasets.distributed import split_dataset_by_node
+from torch.utils.data import DataLoader
+
+from hf_transformer.errors import DataError
+from hf_transformer.token_budget import token_budget_boundaries
+
+from ..checkpoint import every_rank, this_ranks
+from .sources import _TABLE_FORMATS, SPLIT_SYNONYMS, _has_top_level_files, _split_files
+
+
+def stream_split(dataset: str, config: str | None, split: str, source_lang: str, target_lang: str) -> IterableDataset:
+    """The pairs of one split of `dataset`, read as a stream: rows of `source_text` and `target_text`. `dataset` is
+    a Hub dataset id (or a folder in a layout `datasets` reads), a folder of `{split}.{lang}[.gz]` text files or of
+    `{split}.<table format>` files, or a path with a `{split}` placeholder."""
+    path = Path(dataset)
+    if "{split}" in dataset:
+        stream = _stream_table(Path(dataset.replace("{split}", split)))
+    elif path.is_dir() and _has_top_level_files(path):
+        files = _split_files(path, split)
+        for other_name in SPLIT_SYNONYMS.get(split, ()) if not files else ():
+            files = files or _split_files(path, other_name)
+        tables = [file for kind, file in files.items() if kind in _TABLE_FORMATS]
+        if tables:
+            stream = _stream_table(tables[0])
+        elif source_lang in files and target_lang in files:
+            stream = IterableDataset.from_generator(
+                _line_pairs, gen_kwargs={"files": [(str(files[source_lang]), str(files[target_lang]))]}
+            )
+            return stream.rename_columns({"source": "source_text", "target": "target_text"})
+        else:
+            raise DataError(
+                f"split {split!r} of {path}: no {split}.<{','.join(_TABLE_FORMATS)}> file and no {split}.{source_lang} "
+                f"and {split}.{target_lang} files to stream (found: {', '.join(files) or 'none'})"
+            )
+    else:
+        try:
+            stream = load_dataset(dataset, config, split=split, streaming=True)
+        except Exception as error:  # datasets raises many types here; each means the same to the user
+            raise DataError(f"could not stream split {split!r} of dataset {dataset!r}: {error}") from error
+    return stream.map(_pair_of, fn_kwargs={"source_lang": source_lang, "target_lang": target_lang}).select_columns(
+        ["source_text", "target_text"]
+    )
+
+
+def _stream_table(path: Path) -> IterableDataset:
+    kind = path.name.removesuffix(".gz").rsplit(".", 1)[-1]
+    if kind not in _TABLE_FORMATS or not path.is_file():
+        raise DataError(f"cannot stream {path}: no such data file of a known type ({', '.join(_TABLE_FORMATS)})")
+    builder, options = _TABLE_FORMATS[kind]
+    return load_dataset(builder, data_files=str(path), split="train", streaming=True, **options)
+
+
+def _line_pairs(files: list[tuple[str, str]]) -> Iterator[dict[str, str]]:
+    """The line-aligned pairs of (source file, target file) shards, gzipped or not."""
+    for source_path, target_path in files:
+        opener = gzip.open if source_path.endswith(".gz") else open
+        with opener(source_path, "rt", encoding="utf-8") as sources, opener(target_path, "rt", encoding="utf-8") as t:
+            for source, target in zip(sources, t, strict=True):
+                yield {"source": source.rstrip("\n"), "target": target.rstrip("\n")}
+
+
+def _pair_of(row: dict[str, Any], source_lang: str, target_lang: str) -> dict[str, str]:
+    """A row's two languages, from a `translation` dict or from a column per language."""
+    languages = row["translation"] if isinstance(row.get("translation"), dict) else row
+    missing = [lang for lang in (source_lang, target_lang) if languages.get(lang) is None]
+    if missing:
+        raise DataError(
+            f"a streamed row has no text for {', '.join(map(repr, missing))}; its fields are {', '.join(languages)}. "
+            "Choose data.source_lang and data.target_lang among them"
+        )
+    return {"source_text": str(languages[source_lang]), "target_text": str(languages[target_lang])}
+
+
+class TokenBudgetStream:
+    """Endless token-budget batches of a rank's share of a stream of pairs.
+
+    Each pass (epoch) over the stream: the shards in a seeded order and a shuffle buffer of `shuffle_buffer` pairs
+    (`datasets`' `shuffle` with the pass as its epoch), this rank's share (`split_dataset_by_node`: whole shards
+    where they divide by the ranks, else every `world_size`-th pair), then `sort_buffer` pairs at a time: encoded,
+    those with an empty side or longer than the positions dropped (as the prepared path drops them), sorted by
+    length, packed under `max_tokens` (`token_budget_boundaries`) and given in a seeded random order. Yields lists of
+    rows (`input_ids`, `labels`) for the collator.
+    """
+
+    def __init__(
+        self,
+        pairs: IterableDataset,
+        encode: Callable[[list[str]], list[list[int]]],
+        max_tokens: int,
+        max_source_positions: int,
+        max_target_positions: int,
+        *,
+        max_sentences: int | None = None,
+        shuffle_buffer: int = 10_000,
+        sort_buffer: int = 100_000,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        self.pairs, self.encode = pairs, encode
+        self.max_tokens, self.max_sentences = max_tokens, max_sentences
+        self.max_positions = (max_source_positions, max_target_positions)
+        self.shuffle_buffer, self.sort_buffer = shuffle_buffer, sort_buffer
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+
+    def passes(self, epoch: int) -> Iterator[tuple[int, Iterator[list[dict[str, Any]]]]]:
+        """(epoch, its batches) for this pass and every later one."""
+        while True:
+            yield epoch, self._batches(epoch)
+            epoch += 1
+
+    def _batches(self, epoch: int) -> Iterator[list[dict[str, Any]]]:
+        stream = self.pairs.shuffle(seed=self.seed, buffer_size=self.shuffle_buffer)
+        stream.set_epoch(epoch)
+        stream = split_dataset_by_node(stream, rank=self.rank, world_size=self.world_size)
+        rows = iter(stream)
+        for chunk_index in range(2**62):
+            chunk = list(islice(rows, self.sort_buffer))
+            if not chunk:
+                return
+            yield from self._pack(chunk, np.random.default_rng([self.seed, epoch, self.rank, chunk_index]))
+
+    def _pack(self, chunk: list[dict[str, str]], rng: np.random.Generator) -> Iterator[list[dict[str, Any]]]:
+        sources = self.encode([row["source_text"] for row in chunk])
+        targets = self.encode([row["target_text"] for row in chunk])
+        kept = [
+            {"input_ids": source, "labels": target}
+            for row, source, target in zip(chunk, sources, targets, strict=True)
+            if row["source_text"].strip()
+            and row["target_text"].strip()
+            and len(source) <= self.max_positions[0]
+            and len(target) <= self.max_positions[1]
+        ]
+        if not kept:
+            return
+        source_lengths = np.array([len(row["input_ids"]) for row in kept])
+        target_lengths = np.array([len(row["labels"]) for row in kept])
+        order = np.lexsort((target_lengths, source_lengths))
+        costs = np.maximum(source_lengths, target_lengths)[order]
+        boundaries = token_budget_boundaries(costs, self.max_tokens, self.max_sentences)
+        for batch in rng.permutation(len(boundaries) - 1):
+            yield [kept[index] for index in order[boundaries[batch] : boundaries[batch + 1]]]
+
+    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+        for _, batches in self.passes(0):
+            yield from batches
+
+
+class StreamLoader(DataLoader):
+    """A DataLoader over a `TokenBudgetStream` whose position (the pass and the batches given in it) is saved in
+    checkpoints: Lightning saves `state_dict()` of a training DataLoader that has one and calls `load_state_dict()`
+    before iterating again. A resumed loader reads its pass again up to that position, giving none of those batches,
+    and continues with the next.
+
+    Its length is `batches`, the batches the whole run trains on (trainer.max_steps times the batches accumulated per
+    step): to Lightning the run is one epoch. A length also keeps Lightning from fetching a batch ahead (it does so
+    for loaders without one), which the position saved with a checkpoint would then count as trained."""
+
+    def __init__(self, stream: TokenBudgetStream, collate_fn: Callable, batches: int) -> None:
+        super().__init__(stream, batch_size=None, collate_fn=collate_fn)
+        self.stream, self.batches = stream, batches
+        self._epoch = self._batches_done = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        skip = self._batches_done  # of the saved pass, where a resumed loader goes on
+        for epoch, batches in self.stream.passes(self._epoch):
+            self._epoch, self._batches_done = epoch, skip
+            for batch in islice(batches, skip, None):
+                self._batches_done += 1
+                yield self.collate_fn(batch)
+            skip = 0
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def state_dict(self) -> dict[str, Any]:
+        # Each rank's: their shares of the stream differ, so they reach the end of a pass at different batches.
+        return every_rank({"epoch": self._epoch, "batches_done": self._batches_done})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        position = this_ranks(state)
+        self._epoch, self._batches_done = position["epoch"], position["batches_done"]
