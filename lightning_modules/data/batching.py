@@ -111,10 +111,13 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         """Sort by source length, then target length (a stable sort: pairs of equal lengths keep their shuffle).
 
         The target order alternates, ascending within even source lengths and descending within odd ones, so a
-        batch that crosses from one source length to the next still holds targets of similar length.
+        batch that crosses from one source length to the next still holds targets of similar length. One key of both
+        lengths, sorted once, holds no more than a few bytes a pair.
         """
         source, target = self.source_lengths[order], self.target_lengths[order]
-        return order[np.lexsort((np.where(source % 2 == 0, target, -target), source))]
+        span = int(self.target_lengths.max(initial=0)) + 1
+        key = source.astype(np.int64) * 2 * span + np.where(source % 2 == 0, target, span - 1 - target)
+        return order[np.argsort(key, kind="stable")]
 
 
 def _split_until_divisible(starts: np.ndarray, ends: np.ndarray, world_size: int) -> tuple[np.ndarray, np.ndarray]:

@@ -7,7 +7,7 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch.distributed as dist
-from datasets import Dataset, IterableDataset
+from datasets import Dataset, Features, IterableDataset, List, Value
 from filelock import FileLock
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
@@ -34,6 +34,19 @@ _ROWS_PER_TOKENIZER_PROCESS = 50_000
 # the lower one, it warns. A BPE vocabulary trained on the same data has next to none.
 _UNKNOWN_RATE_ERROR, _UNKNOWN_RATE_WARNING = 0.05, 0.005
 _ROLES_OF_STAGE = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), "predict": ("test",)}
+# The columns of a tokenized split, in the smallest types that hold them (on disk and when read back as arrays).
+_ENCODED_FEATURES = Features(
+    {
+        "source_text": Value("string"),
+        "target_text": Value("string"),
+        "input_ids": List(Value("int32")),
+        "labels": List(Value("int32")),
+        "source_length": Value("int32"),
+        "target_length": Value("int32"),
+        "unknown_tokens": Value("int32"),
+        "empty": Value("bool"),
+    }
+)
 # The Trainer setting that limits the batches of each role's loader.
 _LIMIT_OF_ROLE = {"train": "limit_train_batches", "validation": "limit_val_batches", "test": "limit_test_batches"}
 
@@ -286,6 +299,7 @@ class TranslationDataModule(pl.LightningDataModule):
                 "unknown_id": self.tokenizer.unk_token_id,
             },
             num_proc=num_proc if num_proc > 1 else None,
+            features=_ENCODED_FEATURES,
             desc="Tokenizing",
         )
 
@@ -312,7 +326,9 @@ class TranslationDataModule(pl.LightningDataModule):
             )
         if training:  # training batches carry ids only: the raw text is for scoring translations in evaluation
             self._check_unknown_rate(split, encoded, source, target)
-            encoded = encoded.select(np.flatnonzero(keep)).select_columns(["input_ids", "labels"])
+            if not keep.all():  # a selection is an index of every pair kept: none when all are
+                encoded = encoded.select(np.flatnonzero(keep))
+            encoded = encoded.select_columns(["input_ids", "labels"])
         else:
             # `index` is the pair's line in the split, so hypotheses can be written back in the split's order.
             encoded = encoded.add_column("index", np.arange(len(encoded)))
@@ -461,7 +477,8 @@ def _encode_pairs(batch: dict[str, list[str]], tokenizer: str, unknown_id: int |
         "source_length": [len(ids) for ids in source],
         "target_length": [len(ids) for ids in target],
         "unknown_tokens": [
-            (source_ids + target_ids).count(unknown_id) for source_ids, target_ids in zip(source, target, strict=True)
+            source_ids.count(unknown_id) + target_ids.count(unknown_id)
+            for source_ids, target_ids in zip(source, target, strict=True)
         ],
         "empty": [
             not s.strip() or not t.strip() for s, t in zip(batch["source_text"], batch["target_text"], strict=True)
