@@ -7,7 +7,8 @@ For each size it writes a corpus (`train.en`, `train.de`, 1,000 validation and t
 around 25 tokens, a vocabulary that grows with the corpus), then measures, each in a new process:
 
 - first run: reading the corpus, training the tokenizer (on `data.bpe_sample_size` pairs), tokenizing every split
-  (`prepare_data`), building the epoch's batch plan, the first batch; peak resident memory; the size of the cache;
+  (`prepare_data`), building the epoch's batch plan, the first batch; peak memory, resident (with the pages of the
+  memory-mapped data read) and anonymous (what the run holds itself); the size of the cache;
 - tokenization pairs/s next to the `tokenizers` library's own `encode_batch` on the same sentences;
 - second run of the same data (the tokenizer and the tokenized splits cached): the time to the first batch;
 - with `--ddp`, `hf-transformer fit` on two CPU processes for one step: each rank's time to its first step and peak
@@ -23,6 +24,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -78,13 +80,39 @@ def write_corpus(folder: Path, pairs: int, seed: int = 0) -> None:
 
 
 def peak_memory_mib() -> float:
-    """This process's peak resident memory (Linux reports KiB, macOS bytes)."""
+    """This process's peak resident memory (Linux reports KiB, macOS bytes). It counts the pages of memory-mapped
+    files that the process read, which the system takes back when it needs them: see `AnonymousPeak`."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
 
+class AnonymousPeak:
+    """The peak of this process's anonymous resident memory (`RssAnon` of /proc/self/status, sampled every 50 ms on
+    Linux): what the run holds itself, without the pages of the memory-mapped data it has read."""
+
+    def __init__(self) -> None:
+        self.peak_kib = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        status = Path("/proc/self/status")
+        while not self._stop.wait(0.05) and status.exists():
+            for line in status.read_text().splitlines():
+                if line.startswith("RssAnon:"):
+                    self.peak_kib = max(self.peak_kib, int(line.split()[1]))
+
+    def stop(self) -> float | None:
+        """The peak in MiB (None where /proc/self/status is not)."""
+        self._stop.set()
+        self._thread.join()
+        return self.peak_kib / 2**10 if self.peak_kib else None
+
+
 def prepare(folder: str, work: str) -> dict:
     """One run's preparation of the corpus in `folder`, phase by phase (run in a fresh process)."""
+    anonymous = AnonymousPeak()
     started = time.perf_counter()
     from lightning_modules import TranslationDataModule
     from lightning_modules.data.datamodule import _encode_pairs  # noqa: F401  (imported before the clock starts)
@@ -116,6 +144,7 @@ def prepare(folder: str, work: str) -> dict:
         "to_first_batch_s": time.perf_counter() - started,
         "batches": batches,
         "peak_memory_mib": peak_memory_mib(),
+        "peak_anonymous_memory_mib": anonymous.stop(),
     }
 
 
@@ -193,7 +222,10 @@ def main() -> None:
     parser.add_argument("--work", default=None, help="where the corpora and caches go (default: a temporary folder)")
     parser.add_argument("--out", default=str(RESULTS / "data_scale.json"))
     args = parser.parse_args()
-    report = {"cpus": os.cpu_count(), "sizes": []}
+    out = Path(args.out)
+    # Sizes measured in an earlier call stay, unless measured again.
+    earlier = json.loads(out.read_text())["sizes"] if out.exists() else []
+    report = {"cpus": os.cpu_count(), "sizes": [entry for entry in earlier if entry["pairs"] not in args.sizes]}
     with tempfile.TemporaryDirectory(dir=args.work) as scratch:
         for size in args.sizes:
             work = Path(scratch) / str(size)
@@ -204,6 +236,9 @@ def main() -> None:
             os.environ["HF_DATASETS_CACHE"] = str(work / "datasets_cache")
             entry["first_run"] = in_fresh_process("prepare", str(corpus), str(work))
             entry["cache_mib"] = folder_size_mib(work / "datasets_cache")
+            # A later run finds the cache on disk, not in the middle of being written back to it (gigabytes of dirty
+            # pages that the kernel's writeback throttles every reader behind).
+            os.sync()
             entry["second_run"] = in_fresh_process("prepare", str(corpus), str(work))
             reference = in_fresh_process("reference_encoding", str(corpus), str(work), min(size, args.reference_pairs))
             ours = size / entry["first_run"]["phases_s"]["tokenize"]
@@ -212,10 +247,10 @@ def main() -> None:
             if args.ddp:
                 entry["ddp_2_processes"] = ddp_first_step(str(corpus), str(work))
             print(json.dumps(entry, indent=1), flush=True)
-            report["sizes"].append(entry)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    plot(report, Path(args.out).with_suffix(".png"))
-    print(f"Written to {args.out}")
+            report["sizes"] = sorted([*report["sizes"], entry], key=lambda entry: entry["pairs"])
+            out.write_text(json.dumps(report, indent=2) + "\n")  # after each size: a long run keeps what it measured
+    plot(report, out.with_suffix(".png"))
+    print(f"Written to {out}")
 
 
 def plot(report: dict, out: Path) -> None:
@@ -231,9 +266,13 @@ def plot(report: dict, out: Path) -> None:
     times.plot(sizes, [entry["second_run"]["to_first_batch_s"] for entry in report["sizes"]], "k--", label="second run")
     times.set(xscale="log", yscale="log", xlabel="training pairs", ylabel="seconds", title="Preparing a corpus")
     times.legend()
-    memory.plot(sizes, [entry["first_run"]["peak_memory_mib"] for entry in report["sizes"]], "o-", label="first run")
-    memory.plot(sizes, [entry["second_run"]["peak_memory_mib"] for entry in report["sizes"]], "o-", label="second run")
-    memory.set(xscale="log", xlabel="training pairs", ylabel="MiB", title="Peak resident memory")
+    for run, key, label in (
+        ("first_run", "peak_anonymous_memory_mib", "first run, anonymous"),
+        ("first_run", "peak_memory_mib", "first run, resident"),
+        ("second_run", "peak_anonymous_memory_mib", "second run, anonymous"),
+    ):
+        memory.plot(sizes, [entry[run][key] for entry in report["sizes"]], "o-", label=label)
+    memory.set(xscale="log", xlabel="training pairs", ylabel="MiB", title="Peak memory")
     memory.legend()
     figure.tight_layout()
     figure.savefig(out, dpi=110)

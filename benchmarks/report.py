@@ -165,6 +165,31 @@ def precision() -> str:
     return markdown(["device", *settings], rows)
 
 
+def data_scale() -> str:
+    """Preparing a corpus, by size (`benchmarks/data_scale.py`): each phase of a first run, the second run, peak
+    memory, tokenization against `encode_batch`, and two DDP processes."""
+    rows = []
+    for entry in result("data_scale")["sizes"]:
+        first, phases = entry["first_run"], entry["first_run"]["phases_s"]
+        ddp, tokenization = entry.get("ddp_2_processes"), entry["tokenization"]
+        rows.append(
+            [
+                f"{entry['pairs']:,}",
+                *(f"{phases[phase]:,.1f}" for phase in ("read", "tokenizer", "tokenize", "plan", "first_batch")),
+                f"{entry['second_run']['to_first_batch_s']:,.1f}",
+                f"{first['peak_anonymous_memory_mib']:,.0f} / {first['peak_memory_mib']:,.0f}",
+                f"{entry['second_run']['peak_anonymous_memory_mib']:,.0f}",
+                f"{tokenization['ours_pairs_per_s']:,.0f} ({_x(tokenization['ratio_to_encode_batch'])})",
+                f"{entry['cache_mib']:,.0f}",
+                " / ".join(f"{rank['peak_memory_mib']:,.0f}" for rank in ddp["ranks"]) if ddp else "",
+            ]
+        )
+    header = ["pairs", "read, s", "tokenizer, s", "tokenize, s", "plan, s", "first batch, s", "second run, s"]
+    header += ["first run: peak anonymous / resident MiB", "second run: peak anonymous MiB"]
+    header += ["pairs/s (x encode_batch)", "cache MiB", "DDP: peak resident MiB per rank"]
+    return markdown(header, rows)
+
+
 def headline() -> str:
     """README's one table: quality and speed, each row with the command that reproduces it."""
     run = result("multi30k")
@@ -214,6 +239,7 @@ TABLES: dict[str, Callable[[], str]] = {
         serving,
         padding,
         precision,
+        data_scale,
     )
 }
 

@@ -1,8 +1,11 @@
 """`AutoWandbLogger`: Lightning's W&B logger, online with credentials and offline without."""
 
+import contextlib
 import importlib.util
 import netrc
 import os
+import sys
+from collections.abc import Iterator
 from urllib.parse import urlparse
 
 from lightning.pytorch.loggers import WandbLogger
@@ -56,3 +59,20 @@ class AutoWandbLogger(WandbLogger):
         )
         # The choice, readable before the run starts (`experiment.offline` would start it).
         self.offline, self.log_model = offline, log_model and not offline
+
+
+@contextlib.contextmanager
+def wandb_runs_end_with_the_command() -> Iterator[None]:
+    """End the W&B run that a command started when the command ends, as the end of its process would. Lightning leaves
+    it open, and its `WandbLogger` logs into an open run: a second command in the same Python process (a notebook, a
+    sweep script) would otherwise write into the first one's run. A run that was open before is left alone."""
+    wandb = sys.modules.get("wandb")
+    open_before = wandb.run if wandb is not None else None
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        wandb = sys.modules.get("wandb")
+        if wandb is not None and wandb.run is not None and wandb.run is not open_before:
+            wandb.finish(exit_code=1 if failed else 0)

@@ -770,9 +770,10 @@ def wmt14_layout(folder: Path, pairs: int) -> Path:
 
 
 @pytest.mark.slow
-def test_the_paper_base_recipe_runs_on_the_wmt14_layout_on_a_cpu(run_dir):
+@pytest.mark.parametrize("streaming", [False, True], ids=["prepared", "streamed"])
+def test_the_paper_base_recipe_runs_on_the_wmt14_layout_on_a_cpu(run_dir, streaming):
     """configs/wmt14_base.yaml as a user starts it, on a small local dataset in WMT14's Hub layout (translation
-    dicts), with the GPU settings overridden for this CPU and a tiny model."""
+    dicts), with the GPU settings overridden for this CPU and a tiny model, its training split prepared or streamed."""
     folder = wmt14_layout(run_dir / "wmt14", pairs=200)
     base = DEMO.parent / "wmt14_base.yaml"
     cpu = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.precision=32-true"]
@@ -784,7 +785,7 @@ def test_the_paper_base_recipe_runs_on_the_wmt14_layout_on_a_cpu(run_dir):
         "--data.bpe_vocab_size=200",
         "--data.num_workers=0",
     ]
-    logger = ["--trainer.logger.init_args.offline=true"]
+    logger = ["--trainer.logger.init_args.offline=true", f"--data.streaming={streaming}", "--data.stream_buffer=50"]
     run(["fit", "--config", str(base), "--data.dataset", str(folder), *cpu, *tiny, *logger, *QUICK])
     assert load_checkpoint(run_dir / "runs/wmt14_base/checkpoints/last.ckpt")["global_step"] == 3
 

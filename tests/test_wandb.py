@@ -17,10 +17,11 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import wandb
-from conftest import tiny_data, tiny_module
+from conftest import DEMO, tiny_data, tiny_module
 from lightning.pytorch.callbacks import LearningRateMonitor
 from wandb.proto import wandb_internal_pb2
 
+from lightning_modules.cli import run
 from lightning_modules.loggers import AutoWandbLogger
 from lightning_modules.module import NUM_LOGGED_SAMPLES
 from lightning_modules.schedules import inverse_sqrt_lr_lambda
@@ -242,3 +243,23 @@ def test_a_wandb_config_without_wandb_installed_says_how_to_install_it(no_creden
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
     with pytest.raises(ConfigError, match=r"wandb is not installed: pip install \"hf-transformer\[wandb\]\""):
         AutoWandbLogger(save_dir=str(no_credentials))
+
+
+def test_a_command_ends_the_wandb_run_it_started(run_dir, monkeypatch):
+    """Two `fit` commands in one Python process (a notebook, a sweep script) write two W&B runs: Lightning leaves a run
+    open and logs the next command into it, so the command ends the run it started."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    wandb_config = str(DEMO.parent / "trainer/wandb.yaml")
+    for name in ("first", "second"):
+        run(
+            ["fit", "--config", str(DEMO), "--config", "tiny.yaml", "--config", wandb_config]
+            + [f"--trainer.logger.init_args.name={name}", f"--trainer.default_root_dir=runs/{name}"]
+            + ["--trainer.max_steps=1", "--trainer.limit_val_batches=0"]
+        )
+        assert wandb.run is None
+    wandb.teardown()
+    runs = [list(read_run_file(path)) for path in run_dir.glob("runs/*/wandb/offline-run-*/*.wandb")]
+    names = [
+        record.run.display_name for records in runs for record in records if record.WhichOneof("record_type") == "run"
+    ]
+    assert sorted(names) == ["first", "second"]

@@ -56,10 +56,12 @@ def run(argv: list[str]) -> None:
     if command in COMMANDS:
         importlib.import_module(COMMANDS[command], __name__).main(rest)
     elif command in TRAINER_COMMANDS or command.startswith("-"):
+        from ..loggers import wandb_runs_end_with_the_command
         from .training import TranslationCLI
 
-        # LightningCLI reads sys.argv itself when given None: it warns when both are set.
-        TranslationCLI(args=None if argv == sys.argv[1:] else argv)
+        with wandb_runs_end_with_the_command():
+            # LightningCLI reads sys.argv itself when given None: it warns when both are set.
+            TranslationCLI(args=None if argv == sys.argv[1:] else argv)
     else:
         from hf_transformer.errors import UserError
 

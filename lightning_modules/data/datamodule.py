@@ -47,6 +47,7 @@ _ENCODED_FEATURES = Features(
         "empty": Value("bool"),
     }
 )
+_ENCODED_IDS_FEATURES = Features({name: kind for name, kind in _ENCODED_FEATURES.items() if not name.endswith("_text")})
 # The Trainer setting that limits the batches of each role's loader.
 _LIMIT_OF_ROLE = {"train": "limit_train_batches", "validation": "limit_val_batches", "test": "limit_test_batches"}
 
@@ -249,7 +250,7 @@ class TranslationDataModule(pl.LightningDataModule):
         for role in self._prepared_roles(stage):
             pairs = self.raw_pairs(self._split_name(role))
             if pairs.cache_files:  # in memory (the synthetic task), there would be nothing to share
-                self._tokenize(pairs)
+                self._tokenize(pairs, keep_text=role != "train")
 
     def _prepared_roles(self, stage: str | None) -> tuple[str, ...]:
         """The splits a stage tokenizes ahead: all it uses, but a streamed training split."""
@@ -282,12 +283,14 @@ class TranslationDataModule(pl.LightningDataModule):
             split = self._split_name(role)
             pairs = self.raw_pairs(split)
             rank_zero_info(f"{role} split {split!r}: tokenizing {len(pairs):,} pairs")
-            encoded = self._tokenize(pairs)
+            encoded = self._tokenize(pairs, keep_text=role != "train")
             self._prepared[role] = self._filter(role, split, encoded)
         return self._prepared[role]
 
-    def _tokenize(self, pairs: Dataset) -> Dataset:
-        """Token ids, lengths and an emptiness flag per pair; cached by `datasets` under the tokenizer's hash."""
+    def _tokenize(self, pairs: Dataset, keep_text: bool) -> Dataset:
+        """Token ids, lengths and an emptiness flag per pair; cached by `datasets` under the tokenizer's hash. The
+        text stays (`keep_text`) where translations are scored against it, evaluation; training needs the ids only,
+        and its cache is half the size without the text."""
         num_proc = min(self.hparams.num_workers, len(pairs) // _ROWS_PER_TOKENIZER_PROCESS)
         return pairs.map(
             _encode_pairs,
@@ -299,7 +302,8 @@ class TranslationDataModule(pl.LightningDataModule):
                 "unknown_id": self.tokenizer.unk_token_id,
             },
             num_proc=num_proc if num_proc > 1 else None,
-            features=_ENCODED_FEATURES,
+            remove_columns=None if keep_text else ["source_text", "target_text"],
+            features=_ENCODED_FEATURES if keep_text else _ENCODED_IDS_FEATURES,
             desc="Tokenizing",
         )
 

@@ -24,7 +24,7 @@ from hf_transformer.errors import DataError
 
 # Builder name and options per file extension. csv/tsv: every field is text ("NA", "null" and blank lines included).
 _TEXT_CSV_OPTIONS = {"keep_default_na": False, "na_filter": False, "skip_blank_lines": False}
-_TABLE_FORMATS = {
+TABLE_FORMATS = {
     "jsonl": ("json", {}),
     "json": ("json", {}),
     "parquet": ("parquet", {}),
@@ -53,7 +53,7 @@ def load_split(dataset: str, config: str | None, split: str, source_lang: str, t
         return _load_table_file(Path(dataset.replace("{split}", split)), source_lang, target_lang)
     if path.is_file():
         return _load_single_file(path, split, source_lang, target_lang)
-    if path.is_dir() and _has_top_level_files(path):
+    if path.is_dir() and has_top_level_files(path):
         return _load_from_folder(path, split, source_lang, target_lang)
     return _load_with_datasets(dataset, config, split, source_lang, target_lang)
 
@@ -63,13 +63,13 @@ def check_source(dataset: str) -> None:
     "namespace/name") are checked when loaded."""
     path = Path(dataset).expanduser()
     looks_local = dataset.startswith((".", "/", "~")) or "{split}" in dataset or dataset.count("/") > 1
-    looks_local |= path.name.removesuffix(".gz").rsplit(".", 1)[-1] in _TABLE_FORMATS
+    looks_local |= path.name.removesuffix(".gz").rsplit(".", 1)[-1] in TABLE_FORMATS
     if "{split}" in dataset:
         path = path.parent  # the split's files are checked when loaded
     if looks_local and not path.exists():
         raise DataError(
             f"dataset {dataset!r}: {path} does not exist. Give a folder of {{split}}.<lang>[.gz] or "
-            f"{{split}}.<{','.join(_TABLE_FORMATS)}> files, a data file, 'synthetic', or a Hub dataset id "
+            f"{{split}}.<{','.join(TABLE_FORMATS)}> files, a data file, 'synthetic', or a Hub dataset id "
             "(data.dataset in the config or --data.dataset)"
         )
 
@@ -85,7 +85,7 @@ def _load_single_file(path: Path, split: str, source_lang: str, target_lang: str
     return _load_table_file(path, source_lang, target_lang)
 
 
-def _has_top_level_files(folder: Path) -> bool:
+def has_top_level_files(folder: Path) -> bool:
     """Our flat layout puts data files at the top; a `datasets` folder has only its README.md there, data below."""
     return any(
         path.is_file() and path.name != "README.md" and not path.name.startswith(".") for path in folder.iterdir()
@@ -102,20 +102,27 @@ def _split_files(folder: Path, split: str) -> dict[str, Path]:
     return files
 
 
-def _load_from_folder(folder: Path, split: str, source_lang: str, target_lang: str) -> Dataset:
+def find_split_files(folder: Path, split: str) -> dict[str, Path]:
+    """The files of `split` in `folder` by what follows the split name (a language or a table format), or those of
+    the first of its other names (`SPLIT_SYNONYMS`) that the folder has."""
     files = _split_files(folder, split)
     for other_name in SPLIT_SYNONYMS.get(split, ()) if not files else ():
         files = _split_files(folder, other_name)
         if files:
             rank_zero_info(f"split {split!r}: reading {folder}/{other_name}.* (no {split}.* there)")
             break
+    return files
+
+
+def _load_from_folder(folder: Path, split: str, source_lang: str, target_lang: str) -> Dataset:
+    files = find_split_files(folder, split)
     if not files:
         raise DataError(
             f"split {split!r} not found: looked for {folder}/{split}.<lang>[.gz] (one text file per language) and "
-            f"{folder}/{split}.<{','.join(_TABLE_FORMATS)}>[.gz]; splits present: {_splits_in(folder) or 'none'}. "
+            f"{folder}/{split}.<{','.join(TABLE_FORMATS)}>[.gz]; splits present: {_splits_in(folder) or 'none'}. "
             "Set train_split/validation_split/test_split to the names of the files"
         )
-    tables = [path for kind, path in files.items() if kind in _TABLE_FORMATS]
+    tables = [path for kind, path in files.items() if kind in TABLE_FORMATS]
     if tables:
         return _load_table_file(tables[0], source_lang, target_lang)
     for lang in (source_lang, target_lang):
@@ -161,12 +168,15 @@ def _load_lines(path: Path) -> Dataset:
 
 def _load_table_file(path: Path, source_lang: str, target_lang: str) -> Dataset:
     kind = path.name.removesuffix(".gz").rsplit(".", 1)[-1]
-    if kind not in _TABLE_FORMATS:
-        raise DataError(f"{path}: unknown data file type {kind!r}; use one of {', '.join(_TABLE_FORMATS)} (or .gz)")
+    if kind not in TABLE_FORMATS:
+        raise DataError(f"{path}: unknown data file type {kind!r}; use one of {', '.join(TABLE_FORMATS)} (or .gz)")
     if not path.is_file():
         raise DataError(f"data file not found: looked for {path}")
-    builder, options = _TABLE_FORMATS[kind]
-    return to_pairs(_load_file(builder, path, **options), source_lang, target_lang, origin=str(path), files=[path])
+    builder, options = TABLE_FORMATS[kind]
+    # The json builder stores bytes that are not UTF-8 without complaint (the other readers refuse them): only its
+    # rows are checked string by string, a scan of the whole text that would slow every later run of large data.
+    data = _load_file(builder, path, **options)
+    return to_pairs(data, source_lang, target_lang, origin=str(path), files=[path], check_utf8=builder == "json")
 
 
 def _load_file(builder: str, path: Path, **options) -> Dataset:
@@ -200,7 +210,7 @@ def _load_with_datasets(dataset: str, config: str | None, split: str, source_lan
     except Exception as error:  # datasets raises many types here; each means the same to the user
         raise DataError(
             f"could not load {origin}: not 'synthetic', not a file, not a folder with {split}.<lang>[.gz] or "
-            f"{split}.<{','.join(_TABLE_FORMATS)}> files, and `datasets.load_dataset` failed: {error}"
+            f"{split}.<{','.join(TABLE_FORMATS)}> files, and `datasets.load_dataset` failed: {error}"
         ) from error
     if split not in splits:
         raise DataError(
@@ -211,9 +221,15 @@ def _load_with_datasets(dataset: str, config: str | None, split: str, source_lan
 
 
 def to_pairs(
-    data: Dataset, source_lang: str, target_lang: str, origin: str, files: list[Path] | tuple[Path, ...] = ()
+    data: Dataset,
+    source_lang: str,
+    target_lang: str,
+    origin: str,
+    files: list[Path] | tuple[Path, ...] = (),
+    check_utf8: bool = False,
 ) -> Dataset:
-    """Select the two languages from a `translation` column or from per-language columns and check the text."""
+    """Select the two languages from a `translation` column or from per-language columns and check the text (with
+    `check_utf8`, every string's bytes too)."""
     prefix, languages = "", list(data.column_names)
     feature = data.features.get("translation")
     if isinstance(feature, Translation | dict):
@@ -230,12 +246,14 @@ def to_pairs(
     if len(data) == 0:
         raise DataError(f"{origin} is empty: a split needs at least one pair")
     for column, lang in (("source_text", source_lang), ("target_text", target_lang)):
-        data = _as_text(data, column, lang, origin, files)
+        data = _as_text(data, column, lang, origin, files, check_utf8)
     return data
 
 
-def _as_text(data: Dataset, column: str, lang: str, origin: str, files: list[Path] | tuple[Path, ...]) -> Dataset:
-    """Numbers become text; missing values and bytes that are not UTF-8 are errors."""
+def _as_text(
+    data: Dataset, column: str, lang: str, origin: str, files: list[Path] | tuple[Path, ...], check_utf8: bool
+) -> Dataset:
+    """Numbers become text; missing values and (with `check_utf8`) bytes that are not UTF-8 are errors."""
     if data.features[column] != Value("string"):
         if not isinstance(data.features[column], Value):
             raise DataError(f"{origin}: field {lang!r} holds {data.features[column]}, not text")
@@ -247,6 +265,8 @@ def _as_text(data: Dataset, column: str, lang: str, origin: str, files: list[Pat
             f"{origin}: row {row} has no text for {lang!r} (null or missing field); "
             f"every row needs both languages: fix the row or remove it"
         )
+    if not check_utf8:
+        return data
     try:
         values.validate(full=True)
     except pa.ArrowInvalid as error:  # the json builder stores undecodable bytes without complaint

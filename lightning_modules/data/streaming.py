@@ -24,7 +24,7 @@ from hf_transformer.errors import DataError
 from hf_transformer.token_budget import token_budget_boundaries
 
 from ..checkpoint import every_rank, this_ranks
-from .sources import _TABLE_FORMATS, SPLIT_SYNONYMS, _has_top_level_files, _split_files
+from .sources import TABLE_FORMATS, find_split_files, has_top_level_files
 
 
 def stream_split(dataset: str, config: str | None, split: str, source_lang: str, target_lang: str) -> IterableDataset:
@@ -34,11 +34,9 @@ def stream_split(dataset: str, config: str | None, split: str, source_lang: str,
     path = Path(dataset)
     if "{split}" in dataset:
         stream = _stream_table(Path(dataset.replace("{split}", split)))
-    elif path.is_dir() and _has_top_level_files(path):
-        files = _split_files(path, split)
-        for other_name in SPLIT_SYNONYMS.get(split, ()) if not files else ():
-            files = files or _split_files(path, other_name)
-        tables = [file for kind, file in files.items() if kind in _TABLE_FORMATS]
+    elif path.is_dir() and has_top_level_files(path):
+        files = find_split_files(path, split)
+        tables = [file for kind, file in files.items() if kind in TABLE_FORMATS]
         if tables:
             stream = _stream_table(tables[0])
         elif source_lang in files and target_lang in files:
@@ -48,7 +46,7 @@ def stream_split(dataset: str, config: str | None, split: str, source_lang: str,
             return stream.rename_columns({"source": "source_text", "target": "target_text"})
         else:
             raise DataError(
-                f"split {split!r} of {path}: no {split}.<{','.join(_TABLE_FORMATS)}> file and no {split}.{source_lang} "
+                f"split {split!r} of {path}: no {split}.<{','.join(TABLE_FORMATS)}> file and no {split}.{source_lang} "
                 f"and {split}.{target_lang} files to stream (found: {', '.join(files) or 'none'})"
             )
     else:
@@ -63,9 +61,9 @@ def stream_split(dataset: str, config: str | None, split: str, source_lang: str,
 
 def _stream_table(path: Path) -> IterableDataset:
     kind = path.name.removesuffix(".gz").rsplit(".", 1)[-1]
-    if kind not in _TABLE_FORMATS or not path.is_file():
-        raise DataError(f"cannot stream {path}: no such data file of a known type ({', '.join(_TABLE_FORMATS)})")
-    builder, options = _TABLE_FORMATS[kind]
+    if kind not in TABLE_FORMATS or not path.is_file():
+        raise DataError(f"cannot stream {path}: no such data file of a known type ({', '.join(TABLE_FORMATS)})")
+    builder, options = TABLE_FORMATS[kind]
     return load_dataset(builder, data_files=str(path), split="train", streaming=True, **options)
 
 
