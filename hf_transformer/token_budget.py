@@ -16,7 +16,7 @@ def token_budget_boundaries(costs: np.ndarray, max_tokens: int, max_sentences: i
     longer side for training, a sentence's length times the beams for beam search. An item costlier than
     `max_tokens` gets a batch of its own.
     """
-    costs = np.asarray(costs, dtype=np.int64)
+    costs = np.asarray(costs)  # any integer type: the products below are int64
     count = len(costs)
     limit = min(max_sentences or count, count)
     # A batch never holds more items than the budget divided by its cheapest item's cost (at least 1).

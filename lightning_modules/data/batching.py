@@ -94,13 +94,18 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         return len(self.plan_arrays()[1]) // self.world_size
 
     def _build_plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # Arrays of the pairs' count are made in place where they can be: a plan over 20 M pairs peaks at a few
+        # hundred MiB (the argsort's int64 indices the largest), not gigabytes.
         rng = np.random.default_rng([self.seed, epoch])
         count = len(self.source_lengths)
-        index = np.int32 if count < 2**31 else np.int64
-        order = rng.permutation(count).astype(index) if self.shuffle else np.arange(count, dtype=index)
+        order = np.arange(count, dtype=np.int32 if count < 2**31 else np.int64)
+        if self.shuffle:
+            rng.shuffle(order)  # the same permutation as rng.permutation(count), without its int64 copy
         order = self._length_order(order)
-        costs = np.maximum(self.source_lengths, self.target_lengths)[order]
+        costs = self.source_lengths[order]
+        np.maximum(costs, self.target_lengths[order], out=costs)
         boundaries = token_budget_boundaries(costs, self.max_tokens, self.max_sentences)
+        del costs
         starts, ends = boundaries[:-1], boundaries[1:]
         if self.shuffle:
             shuffled = rng.permutation(len(starts))
@@ -114,10 +119,16 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         batch that crosses from one source length to the next still holds targets of similar length. One key of both
         lengths, sorted once, holds no more than a few bytes a pair.
         """
-        source, target = self.source_lengths[order], self.target_lengths[order]
         span = int(self.target_lengths.max(initial=0)) + 1
-        key = source.astype(np.int64) * 2 * span + np.where(source % 2 == 0, target, span - 1 - target)
-        return order[np.argsort(key, kind="stable")]
+        key = self.source_lengths[order].astype(np.int32 if 2 * span * span < 2**31 else np.int64)
+        target = self.target_lengths[order].astype(key.dtype, copy=False)
+        np.subtract(span - 1, target, out=target, where=key % 2 == 1)
+        key *= 2 * span
+        key += target
+        del target
+        by_key = np.argsort(key, kind="stable")
+        del key
+        return order[by_key]
 
 
 def _split_until_divisible(starts: np.ndarray, ends: np.ndarray, world_size: int) -> tuple[np.ndarray, np.ndarray]:

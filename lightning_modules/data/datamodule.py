@@ -340,8 +340,11 @@ class TranslationDataModule(pl.LightningDataModule):
         self.filter_stats[role] = stats
         rank_zero_info(f"{role} split {split!r}: " + ", ".join(f"{key}={value}" for key, value in stats.items()))
         self._log_filter_stats(role, stats)
-        lengths = np.minimum(source[keep], hp.max_source_positions), np.minimum(target[keep], hp.max_target_positions)
-        return encoded, *lengths
+        if not training:  # evaluation cuts what is too long
+            source, target = np.minimum(source, hp.max_source_positions), np.minimum(target, hp.max_target_positions)
+        elif not keep.all():  # copies of the lengths only where pairs were dropped
+            source, target = source[keep], target[keep]
+        return encoded, source, target
 
     def _check_unknown_rate(self, split: str, encoded: Dataset, source: np.ndarray, target: np.ndarray) -> None:
         unknown = int(encoded.with_format("numpy", columns=["unknown_tokens"])[:]["unknown_tokens"].sum())
