@@ -12,20 +12,30 @@ around 25 tokens, a vocabulary that grows with the corpus), then measures, each 
 - tokenization pairs/s next to the `tokenizers` library's own `encode_batch` on the same sentences;
 - second run of the same data (the tokenizer and the tokenized splits cached): the time to the first batch;
 - with `--ddp`, `hf-transformer fit` on two CPU processes for one step: each rank's time to its first step and peak
-  memory.
+  memory;
+- streaming (`data.streaming`): the tokenizer learnt from the stream's first `bpe_sample_size` pairs, the time to the
+  first batch, then the steady batches/s and target tokens/s of the loader over `--stream-batches` batches, its peak
+  memory; and a second run's time to its first batch (the tokenizer cached).
+
+`--measure prepare` or `--measure streaming` measures one of the two. With `--work`, each size's corpus and tokenizer
+stay in `WORK/<pairs>/` and are reused by a later call; the JSON keeps what an earlier call measured and is not
+measured again.
 
 Results go to `benchmarks/results/data_scale.json` and a plot beside it.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from itertools import islice
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -148,6 +158,44 @@ def prepare(folder: str, work: str) -> dict:
     }
 
 
+def stream(folder: str, work: str, batches: int) -> dict:
+    """A streamed run's loader (`data.streaming`), in a fresh process: the tokenizer (learnt from the stream the
+    first time, read from `work` later), the first batch, then `batches` more: batches/s and target tokens/s."""
+    anonymous = AnonymousPeak()
+    started = time.perf_counter()
+    from types import SimpleNamespace
+
+    from lightning_modules import TranslationDataModule
+
+    args = dict(dataset=folder, source_lang="en", target_lang="de", validation_split="val", test_split="test")
+    args |= dict(tokenizer_dir=str(Path(work) / "stream_tokenizer"), bpe_vocab_size=32000, max_tokens=8192)
+    clock = time.perf_counter()
+    data = TranslationDataModule(**args, streaming=True)
+    phases = {"tokenizer": time.perf_counter() - clock}
+    clock = time.perf_counter()
+    # The loader's length is the run's updates, read from its trainer; there is none here.
+    data.trainer = SimpleNamespace(
+        max_steps=batches + 1, accumulate_grad_batches=1, global_rank=0, world_size=1, loggers=[]
+    )
+    data.setup("fit")
+    loader = iter(data.train_dataloader())
+    next(loader)
+    phases["first_batch"] = time.perf_counter() - clock
+    to_first_batch = time.perf_counter() - started
+    clock, target_tokens = time.perf_counter(), 0
+    for batch in islice(loader, batches):
+        target_tokens += int((batch["labels"] != -100).sum())
+    steady = time.perf_counter() - clock
+    return {
+        "phases_s": phases,
+        "to_first_batch_s": to_first_batch,
+        "batches": batches,
+        "batches_per_s": batches / steady,
+        "target_tokens_per_s": target_tokens / steady,
+        "peak_anonymous_memory_mib": anonymous.stop(),
+    }
+
+
 def reference_encoding(folder: str, work: str, pairs: int) -> dict:
     """Pairs/s of the `tokenizers` library's `encode_batch` on the same sentences (batches of 1,000 pairs), with the
     tokenizer the run trained: the limit of any pipeline built on it."""
@@ -166,7 +214,9 @@ def in_fresh_process(function: str, *args: str | int) -> dict:
     """`function(*args)` of this file in a new Python process (its own peak memory, nothing cached in memory)."""
     code = f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import data_scale; "
     code += f"print(json.dumps(data_scale.{function}(*{args!r})))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if result.returncode:
+        raise SystemExit(f"{function} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -221,36 +271,58 @@ def main() -> None:
     parser.add_argument("--ddp", action="store_true", help="also time hf-transformer fit on two CPU processes")
     parser.add_argument("--work", default=None, help="where the corpora and caches go (default: a temporary folder)")
     parser.add_argument("--out", default=str(RESULTS / "data_scale.json"))
+    parser.add_argument("--measure", choices=["prepare", "streaming"], nargs="+", default=["prepare", "streaming"])
+    parser.add_argument("--stream-batches", type=int, default=200, help="batches timed for streaming's steady rate")
     args = parser.parse_args()
     out = Path(args.out)
-    # Sizes measured in an earlier call stay, unless measured again.
-    earlier = json.loads(out.read_text())["sizes"] if out.exists() else []
-    report = {"cpus": os.cpu_count(), "sizes": [entry for entry in earlier if entry["pairs"] not in args.sizes]}
-    with tempfile.TemporaryDirectory(dir=args.work) as scratch:
+    # Sizes and measurements of an earlier call stay, unless measured again.
+    report = json.loads(out.read_text()) if out.exists() else {"sizes": []}
+    report["cpus"] = os.cpu_count()
+    entries = {entry["pairs"]: entry for entry in report["sizes"]}
+    with contextlib.ExitStack() as stack:
+        root = Path(args.work) if args.work else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         for size in args.sizes:
-            work = Path(scratch) / str(size)
+            work = root / str(size)
             corpus = work / "corpus"
-            started = time.perf_counter()
-            write_corpus(corpus, size)
-            entry = {"pairs": size, "corpus_mib": folder_size_mib(corpus), "write_s": time.perf_counter() - started}
+            entry = entries.setdefault(size, {"pairs": size})
+            if not (corpus / "train.de").exists():
+                started = time.perf_counter()
+                write_corpus(corpus, size)
+                entry |= {"corpus_mib": folder_size_mib(corpus), "write_s": time.perf_counter() - started}
             os.environ["HF_DATASETS_CACHE"] = str(work / "datasets_cache")
-            entry["first_run"] = in_fresh_process("prepare", str(corpus), str(work))
-            entry["cache_mib"] = folder_size_mib(work / "datasets_cache")
-            # A later run finds the cache on disk, not in the middle of being written back to it (gigabytes of dirty
-            # pages that the kernel's writeback throttles every reader behind).
-            os.sync()
-            entry["second_run"] = in_fresh_process("prepare", str(corpus), str(work))
-            reference = in_fresh_process("reference_encoding", str(corpus), str(work), min(size, args.reference_pairs))
-            ours = size / entry["first_run"]["phases_s"]["tokenize"]
-            entry["tokenization"] = {"ours_pairs_per_s": ours, "encode_batch": reference}
-            entry["tokenization"]["ratio_to_encode_batch"] = ours / reference["pairs_per_s"]
-            if args.ddp:
-                entry["ddp_2_processes"] = ddp_first_step(str(corpus), str(work))
+            if "prepare" in args.measure:
+                entry |= measure_prepared(corpus, work, size, args)
+            if "streaming" in args.measure:
+                shutil.rmtree(work / "stream_tokenizer", ignore_errors=True)
+                entry["streaming"] = {
+                    "first_run": in_fresh_process("stream", str(corpus), str(work), args.stream_batches),
+                    "second_run": in_fresh_process("stream", str(corpus), str(work), args.stream_batches),
+                }
             print(json.dumps(entry, indent=1), flush=True)
-            report["sizes"] = sorted([*report["sizes"], entry], key=lambda entry: entry["pairs"])
+            report["sizes"] = sorted(entries.values(), key=lambda entry: entry["pairs"])
             out.write_text(json.dumps(report, indent=2) + "\n")  # after each size: a long run keeps what it measured
     plot(report, out.with_suffix(".png"))
     print(f"Written to {out}")
+
+
+def measure_prepared(corpus: Path, work: Path, size: int, args: argparse.Namespace) -> dict:
+    """The prepared path's measurements of one corpus: first and second run, tokenization against `encode_batch`,
+    and (with `--ddp`) two DDP processes."""
+    for cached in (work / "datasets_cache", work / "tokenizer", work / "ddp"):  # a first run starts from nothing
+        shutil.rmtree(cached, ignore_errors=True)
+    entry = {"first_run": in_fresh_process("prepare", str(corpus), str(work))}
+    entry["cache_mib"] = folder_size_mib(work / "datasets_cache")
+    # A later run finds the cache on disk, not in the middle of being written back to it (gigabytes of dirty pages
+    # that the kernel's writeback throttles every reader behind).
+    os.sync()
+    entry["second_run"] = in_fresh_process("prepare", str(corpus), str(work))
+    reference = in_fresh_process("reference_encoding", str(corpus), str(work), min(size, args.reference_pairs))
+    ours = size / entry["first_run"]["phases_s"]["tokenize"]
+    entry["tokenization"] = {"ours_pairs_per_s": ours, "encode_batch": reference}
+    entry["tokenization"]["ratio_to_encode_batch"] = ours / reference["pairs_per_s"]
+    if args.ddp:
+        entry["ddp_2_processes"] = ddp_first_step(str(corpus), str(work))
+    return entry
 
 
 def plot(report: dict, out: Path) -> None:

@@ -175,3 +175,21 @@ def test_serve_benchmark_runs_on_a_short_run(run_dir):
     settings = json.loads(out.read_text())["settings"]
     assert set(settings) == {"translate() loop, 1 client", "fastapi, 1 client", "fastapi, 2 clients"}
     assert all(entry["sentences_per_sec"] > 0 and entry["p99_ms"] >= entry["p50_ms"] for entry in settings.values())
+
+
+def test_data_scale_benchmark_runs_on_a_small_corpus(tmp_path):
+    """Both paths on a corpus of 3,000 pairs, kept in --work: a second call measures streaming again and keeps what
+    the first measured of the prepared path."""
+    out, work = tmp_path / "data_scale.json", tmp_path / "work"
+    common = ["--sizes", "3000", "--work", str(work), "--out", str(out), "--stream-batches", "3"]
+    run(str(BENCHMARKS / "data_scale.py"), *common, "--reference-pairs", "1000")
+    (entry,) = json.loads(out.read_text())["sizes"]
+    assert entry["first_run"]["batches"] > 0 and entry["second_run"]["batches"] == entry["first_run"]["batches"]
+    assert entry["tokenization"]["encode_batch"]["pairs"] == 1000 and entry["cache_mib"] > 0
+    assert entry["streaming"]["first_run"]["batches_per_s"] > 0
+    assert set(entry["first_run"]["phases_s"]) == {"import", "read", "tokenizer", "tokenize", "plan", "first_batch"}
+    first = entry["first_run"]
+    run(str(BENCHMARKS / "data_scale.py"), *common, "--measure", "streaming")
+    (again,) = json.loads(out.read_text())["sizes"]
+    assert again["first_run"] == first and again["streaming"]["second_run"]["to_first_batch_s"] > 0
+    assert (tmp_path / "data_scale.png").exists()
