@@ -14,8 +14,9 @@ around 25 tokens, a vocabulary that grows with the corpus), then measures, each 
 - with `--ddp`, `hf-transformer fit` on two CPU processes for one step: each rank's time to its first step and peak
   memory;
 - streaming (`data.streaming`): the tokenizer learnt from the stream's first `bpe_sample_size` pairs, the time to the
-  first batch, then the steady batches/s and target tokens/s of the loader over `--stream-batches` batches, its peak
-  memory; and a second run's time to its first batch (the tokenizer cached).
+  first batch, then the steady batches/s and target tokens/s of the loader over `--stream-batches` batches (enough to
+  read, tokenize and pack several buffers, not only to hand out the first one's batches), its peak memory; and a
+  second run's time to its first batch (the tokenizer cached).
 
 `--measure prepare` or `--measure streaming` measures one of the two. With `--work`, each size's corpus and tokenizer
 stay in `WORK/<pairs>/` and are reused by a later call; the JSON keeps what an earlier call measured and is not
@@ -272,7 +273,9 @@ def main() -> None:
     parser.add_argument("--work", default=None, help="where the corpora and caches go (default: a temporary folder)")
     parser.add_argument("--out", default=str(RESULTS / "data_scale.json"))
     parser.add_argument("--measure", choices=["prepare", "streaming"], nargs="+", default=["prepare", "streaming"])
-    parser.add_argument("--stream-batches", type=int, default=200, help="batches timed for streaming's steady rate")
+    parser.add_argument(
+        "--stream-batches", type=int, default=1500, help="batches timed for streaming's steady rate (several buffers)"
+    )
     args = parser.parse_args()
     out = Path(args.out)
     # Sizes and measurements of an earlier call stay, unless measured again.
@@ -285,9 +288,12 @@ def main() -> None:
             work = root / str(size)
             corpus = work / "corpus"
             entry = entries.setdefault(size, {"pairs": size})
-            if not (corpus / "train.de").exists():
+            if not corpus.exists():
                 started = time.perf_counter()
-                write_corpus(corpus, size)
+                # Written beside, then renamed: a write cut short never passes for a corpus.
+                shutil.rmtree(work / "corpus.partial", ignore_errors=True)
+                write_corpus(work / "corpus.partial", size)
+                (work / "corpus.partial").rename(corpus)
                 entry |= {"corpus_mib": folder_size_mib(corpus), "write_s": time.perf_counter() - started}
             os.environ["HF_DATASETS_CACHE"] = str(work / "datasets_cache")
             if "prepare" in args.measure:

@@ -181,12 +181,36 @@ def data_scale() -> str:
                 f"{entry['second_run']['peak_anonymous_memory_mib']:,.0f}",
                 f"{tokenization['ours_pairs_per_s']:,.0f} ({_x(tokenization['ratio_to_encode_batch'])})",
                 f"{entry['cache_mib']:,.0f}",
-                " / ".join(f"{rank['peak_memory_mib']:,.0f}" for rank in ddp["ranks"]) if ddp else "",
+                " / ".join(f"{rank['peak_memory_mib']:,.0f}" for rank in ddp["ranks"]) if ddp else "not run",
             ]
         )
     header = ["pairs", "read, s", "tokenizer, s", "tokenize, s", "plan, s", "first batch, s", "second run, s"]
     header += ["first run: peak anonymous / resident MiB", "second run: peak anonymous MiB"]
     header += ["pairs/s (x encode_batch)", "cache MiB", "DDP: peak resident MiB per rank"]
+    return markdown(header, rows)
+
+
+def data_scale_streaming() -> str:
+    """The streamed loader (`data.streaming`) of the same corpora: the tokenizer learnt from the stream, the time to
+    the first batch (first run, and second with the tokenizer cached), its steady rate and peak memory."""
+    rows = []
+    for entry in result("data_scale")["sizes"]:
+        if "streaming" not in entry:
+            continue
+        first, second = entry["streaming"]["first_run"], entry["streaming"]["second_run"]
+        rows.append(
+            [
+                f"{entry['pairs']:,}",
+                f"{first['phases_s']['tokenizer']:,.1f}",
+                f"{first['to_first_batch_s']:,.1f}",
+                f"{second['to_first_batch_s']:,.1f}",
+                f"{second['batches_per_s']:,.2f}",
+                f"{second['target_tokens_per_s']:,.0f}",
+                f"{max(first['peak_anonymous_memory_mib'], second['peak_anonymous_memory_mib']):,.0f}",
+            ]
+        )
+    header = ["pairs", "tokenizer, s", "first run: first batch, s", "second run: first batch, s", "batches/s"]
+    header += ["target tokens/s", "peak anonymous MiB"]
     return markdown(header, rows)
 
 
@@ -240,6 +264,7 @@ TABLES: dict[str, Callable[[], str]] = {
         padding,
         precision,
         data_scale,
+        data_scale_streaming,
     )
 }
 

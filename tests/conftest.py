@@ -15,6 +15,14 @@ from lightning_modules.data.tokenization import train_bpe_tokenizer
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"  # the quick demo, which tests train in
 
+# Under pytest-xdist (`pytest -n auto`) the workers share the cores: each takes its part, and so do the processes its
+# tests start (OMP_NUM_THREADS), rather than every one spinning up a thread per core.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+    torch.set_num_threads(_THREADS)
+
 # transformers' own test modules, which test_hf_contract.py runs: they hold mixins, not tests of their own.
 collect_ignore = ["upstream"]
 

@@ -532,12 +532,16 @@ def test_the_tokenizer_learns_from_a_seeded_sample_of_a_large_split_and_says_how
     rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     rank_zero_logger.addHandler(caplog.handler)
     try:
-        samples = [local_module(tmp_path, bpe_sample_size=50, seed=seed)._bpe_sample() for seed in (0, 0, 1)]
+        samples = [local_module(tmp_path, bpe_sample_size=50, seed=seed)._bpe_sample()[0] for seed in (0, 0, 1)]
+        streamed, count = local_module(tmp_path, bpe_sample_size=50, streaming=True)._bpe_sample()
     finally:
         rank_zero_logger.removeHandler(caplog.handler)
     assert len(samples[0]) == 50 and len(set(samples[0]["source_text"])) == 50  # without replacement
     assert samples[0]["source_text"] == samples[1]["source_text"] != samples[2]["source_text"]
     assert "on a sample of 50 pairs of split 'train'" in caplog.text
+    # A stream's sample is read as the tokenizer learns, never held: its first 50 pairs after a shuffle.
+    assert isinstance(streamed, datasets.IterableDataset) and count == 50 and len(list(streamed)) == 50
+    assert "on the first 50 pairs of a shuffled stream of split 'train'" in caplog.text
     # The sentences come in batches of one side of up to 1,000 pairs: a line after each batch that crosses a mark.
     assert "BPE tokenizer: 50 of 100 sentences read" in caplog.text and "100 of 100 sentences read" in caplog.text
     local_module(tmp_path, bpe_sample_size=50, tokenizer_dir=str(tmp_path / "tok"))

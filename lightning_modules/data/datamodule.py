@@ -178,31 +178,33 @@ class TranslationDataModule(pl.LightningDataModule):
     def _train_tokenizer(self) -> PreTrainedTokenizerFast:
         """A joint BPE vocabulary trained on the training split, or on a seeded sample of `bpe_sample_size` pairs."""
         hp = self.hparams
-        pairs = self._bpe_sample()
+        pairs, count = self._bpe_sample()
         split = f"split {hp.train_split!r} of {hp.dataset}"
-        if hp.streaming or len(pairs) < len(self.raw_pairs(hp.train_split)):
-            split = f"a sample of {len(pairs):,} pairs of {split} (data.bpe_sample_size)"
+        if hp.streaming:
+            split = f"the first {count:,} pairs of a shuffled stream of {split} (data.bpe_sample_size)"
+        elif count < len(self.raw_pairs(hp.train_split)):
+            split = f"a sample of {count:,} pairs of {split} (data.bpe_sample_size)"
         rank_zero_info(
-            f"Training a {hp.bpe_vocab_size}-token BPE tokenizer on {split} ({2 * len(pairs):,} sentences, source "
+            f"Training a {hp.bpe_vocab_size}-token BPE tokenizer on {split} ({2 * count:,} sentences, source "
             "and target)"
         )
         rows = pairs.iter(batch_size=1000)
         sentences = (batch[side] for batch in rows for side in ("source_text", "target_text"))
-        return train_bpe_tokenizer(sentences, hp.bpe_vocab_size, hp.bpe_min_frequency, total=2 * len(pairs))
+        return train_bpe_tokenizer(sentences, hp.bpe_vocab_size, hp.bpe_min_frequency, total=2 * count)
 
-    def _bpe_sample(self) -> Dataset:
-        """The training pairs the tokenizer learns from: all of them, or `bpe_sample_size` drawn without replacement
-        (seeded by `seed`) from a larger split, in the split's order; of a stream, its first `bpe_sample_size` pairs
-        after a shuffle."""
+    def _bpe_sample(self) -> tuple[Dataset | IterableDataset, int]:
+        """The training pairs the tokenizer learns from, and how many (at most, for a stream): all of them, or
+        `bpe_sample_size` drawn without replacement (seeded by `seed`) from a larger split, in the split's order; of
+        a stream, its first `bpe_sample_size` pairs after a shuffle, read as the tokenizer learns (never held)."""
         hp = self.hparams
         if hp.streaming:
-            stream = self._train_stream().shuffle(seed=hp.seed, buffer_size=hp.stream_buffer)
-            return Dataset.from_list(list(stream.take(hp.bpe_sample_size or 1_000_000)))
+            size = hp.bpe_sample_size or 1_000_000
+            return self._train_stream().shuffle(seed=hp.seed, buffer_size=hp.stream_buffer).take(size), size
         pairs, size = self.raw_pairs(self.hparams.train_split), self.hparams.bpe_sample_size
         if size is None or len(pairs) <= size:
-            return pairs
+            return pairs, len(pairs)
         chosen = np.random.default_rng(self.hparams.seed).choice(len(pairs), size=size, replace=False)
-        return pairs.select(np.sort(chosen))
+        return pairs.select(np.sort(chosen)), size
 
     def _tokenizer_recipe(self) -> dict[str, Any]:
         """What a trained tokenizer depends on: the training data and the BPE settings (the sample size only where it
