@@ -225,6 +225,7 @@ def ddp_first_step(folder: str, work: str) -> dict:
     """`hf-transformer fit` on two CPU processes for one step of a tiny model: wall time and each rank's peak
     memory at its first step (`FirstStep`, below)."""
     root = Path(work) / "ddp"
+    shutil.rmtree(root, ignore_errors=True)  # a run of its own, not the resumption of an earlier call's
     command = [sys.executable, "-m", "lightning_modules.cli", "fit", "--data.dataset", folder]
     command += ["--data.source_lang=en", "--data.target_lang=de", "--data.validation_split=val"]
     command += ["--data.test_split=test", f"--data.tokenizer_dir={Path(work) / 'tokenizer'}"]
@@ -261,6 +262,19 @@ class FirstStep(pl.Callback):
             Path(f"{self.out}.{trainer.global_rank}.json").write_text(json.dumps(record))
 
 
+def code_version() -> str:
+    """The commit of this checkout (with "+changes" where its files differ from it), or "unknown" outside git."""
+    try:
+        git = ["git", "-C", str(Path(__file__).parent)]
+        commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        changed = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit.stdout.strip() + ("+changes" if changed.stdout.strip() else "")
+
+
 def folder_size_mib(folder: Path) -> float:
     return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) / 2**20
 
@@ -272,7 +286,13 @@ def main() -> None:
     parser.add_argument("--ddp", action="store_true", help="also time hf-transformer fit on two CPU processes")
     parser.add_argument("--work", default=None, help="where the corpora and caches go (default: a temporary folder)")
     parser.add_argument("--out", default=str(RESULTS / "data_scale.json"))
-    parser.add_argument("--measure", choices=["prepare", "streaming"], nargs="+", default=["prepare", "streaming"])
+    parser.add_argument(
+        "--measure",
+        choices=["prepare", "rerun", "streaming"],
+        nargs="+",
+        default=["prepare", "streaming"],
+        help="rerun: the second run (and --ddp) alone, on the cache that an earlier call left in --work",
+    )
     parser.add_argument(
         "--stream-batches", type=int, default=1500, help="batches timed for streaming's steady rate (several buffers)"
     )
@@ -298,6 +318,12 @@ def main() -> None:
             os.environ["HF_DATASETS_CACHE"] = str(work / "datasets_cache")
             if "prepare" in args.measure:
                 entry |= measure_prepared(corpus, work, size, args)
+            if "rerun" in args.measure:
+                entry["second_run"] = in_fresh_process("prepare", str(corpus), str(work))
+                if args.ddp:
+                    entry["ddp_2_processes"] = ddp_first_step(str(corpus), str(work))
+            # The code each measurement ran, as rows of one table may come from calls at different commits.
+            entry.setdefault("commits", {}).update(dict.fromkeys(args.measure, code_version()))
             if "streaming" in args.measure:
                 shutil.rmtree(work / "stream_tokenizer", ignore_errors=True)
                 entry["streaming"] = {
@@ -314,7 +340,7 @@ def main() -> None:
 def measure_prepared(corpus: Path, work: Path, size: int, args: argparse.Namespace) -> dict:
     """The prepared path's measurements of one corpus: first and second run, tokenization against `encode_batch`,
     and (with `--ddp`) two DDP processes."""
-    for cached in (work / "datasets_cache", work / "tokenizer", work / "ddp"):  # a first run starts from nothing
+    for cached in (work / "datasets_cache", work / "tokenizer"):  # a first run starts from nothing
         shutil.rmtree(cached, ignore_errors=True)
     entry = {"first_run": in_fresh_process("prepare", str(corpus), str(work))}
     entry["cache_mib"] = folder_size_mib(work / "datasets_cache")

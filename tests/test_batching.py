@@ -8,6 +8,7 @@ import torch
 
 from hf_transformer.errors import DataError
 from hf_transformer.token_budget import pack_token_budget, token_budget_boundaries
+from lightning_modules.data import batching
 from lightning_modules.data.batching import (
     ResumableDataLoader,
     TokenBudgetBatchSampler,
@@ -190,9 +191,9 @@ def test_collator_pads_right_and_masks_labels():
 
 
 def test_an_epochs_plan_takes_a_few_bytes_a_pair():
-    """The plan over N pairs holds N int32 indices and, while it is built, peaks below 20 bytes a pair beside the
-    lengths it reads (the argsort's int64 indices the largest): a plan of Python lists took about 100."""
-    pairs = 2_000_000
+    """The plan over N pairs holds N int32 indices; building it sorts one window of SORT_WINDOW pairs at a time, so
+    what it takes beyond those does not grow with N (a plan of Python lists took about 100 bytes a pair)."""
+    pairs = 3 * batching.SORT_WINDOW
     generator = np.random.default_rng(0)
     source = np.clip(generator.lognormal(3.2, 0.5, pairs), 1, 250).astype(np.int32)
     target = np.clip(source + generator.integers(-3, 4, pairs), 1, 250).astype(np.int32)
@@ -203,4 +204,19 @@ def test_an_epochs_plan_takes_a_few_bytes_a_pair():
     finally:
         tracemalloc.stop()
     assert order.dtype == np.int32 and sorted(order[:: pairs // 1000]) != list(order[:: pairs // 1000])
-    assert held < 5 * pairs and peak < 20 * pairs
+    assert held < 5 * pairs and peak < 4 * pairs + 25 * batching.SORT_WINDOW
+
+
+def test_windows_of_a_large_split_give_every_pair_once_in_batches_of_one_length_range(monkeypatch):
+    monkeypatch.setattr(batching, "SORT_WINDOW", 100)
+    source, target = random_lengths(count=1000)
+    sampler = TokenBudgetBatchSampler(source, target, max_tokens=120, seed=3)
+    order, starts, ends = sampler.plan_arrays()
+    assert sorted(order.tolist()) == list(range(1000))
+    for start, end in zip(starts, ends, strict=True):
+        assert start // 100 == (end - 1) // 100  # a batch never crosses a window
+        batch = order[start:end]
+        assert len(batch) * max(source[batch].max(), target[batch].max()) <= 120
+    for window in range(10):  # each window is sorted by source length
+        lengths = source[order[window * 100 : (window + 1) * 100]]
+        assert (np.diff(lengths) >= 0).all()

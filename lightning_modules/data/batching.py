@@ -17,15 +17,19 @@ from hf_transformer.model.integrity import check_token_ids
 from hf_transformer.model.loss import IGNORE_INDEX
 from hf_transformer.token_budget import token_budget_boundaries
 
+# The pairs an epoch's plan sorts by length and packs at a time (`TokenBudgetBatchSampler._build_plan`).
+SORT_WINDOW = 1_000_000
+
 
 class TokenBudgetBatchSampler(Sampler[list[int]]):
     """Yields lists of dataset indices; a batch of n pairs costs n * (longest source or target) tokens.
 
     So the padded source and the padded target tensor of a batch each hold at most `max_tokens` tokens, and at most
-    `max_sentences` pairs when given. An epoch's plan: shuffle (seeded by `seed` and the epoch), sort by length,
-    pack greedily (`token_budget_boundaries`), shuffle the batches. Rank r of `world_size` takes batches r,
-    r + world_size, ...; the plan is split until every rank gets the same number, so the ranks cover each pair exactly
-    once and none waits for a batch that never comes. `shuffle=False` keeps a fixed order, for evaluation.
+    `max_sentences` pairs when given. An epoch's plan: shuffle (seeded by `seed` and the epoch), sort by length and
+    pack greedily (`token_budget_boundaries`) each window of `SORT_WINDOW` pairs, shuffle the batches. Rank r of
+    `world_size` takes batches r, r + world_size, ...; the plan is split until every rank gets the same number, so the
+    ranks cover each pair exactly once and none waits for a batch that never comes. `shuffle=False` keeps a fixed
+    order, for evaluation.
     """
 
     def __init__(
@@ -52,6 +56,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
                 f"a pair of {longest} tokens does not fit in a batch of max_tokens={max_tokens}: raise max_tokens "
                 "or lower max_source_positions/max_target_positions"
             )
+        self._target_span = int(self.target_lengths.max(initial=0)) + 1
         self.max_tokens, self.max_sentences = max_tokens, max_sentences
         self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
         self.epoch = 0
@@ -94,19 +99,21 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         return len(self.plan_arrays()[1]) // self.world_size
 
     def _build_plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        # Arrays of the pairs' count are made in place where they can be: a plan over 20 M pairs peaks at a few
-        # hundred MiB (the argsort's int64 indices the largest), not gigabytes.
+        # Sorted and packed a window of SORT_WINDOW shuffled pairs at a time (OpenNMT's pools): a window of a million
+        # pairs holds thousands of pairs of every length, so its batches are as tight as a global sort's, and memory
+        # beyond the plan's int32 order does not grow with the corpus.
         rng = np.random.default_rng([self.seed, epoch])
         count = len(self.source_lengths)
         order = np.arange(count, dtype=np.int32 if count < 2**31 else np.int64)
         if self.shuffle:
             rng.shuffle(order)  # the same permutation as rng.permutation(count), without its int64 copy
-        order = self._length_order(order)
-        costs = self.source_lengths[order]
-        np.maximum(costs, self.target_lengths[order], out=costs)
-        boundaries = token_budget_boundaries(costs, self.max_tokens, self.max_sentences)
-        del costs
-        starts, ends = boundaries[:-1], boundaries[1:]
+        boundaries = [np.zeros(1, dtype=np.int64)]
+        for start in range(0, count, SORT_WINDOW):
+            window = order[start : start + SORT_WINDOW] = self._length_order(order[start : start + SORT_WINDOW])
+            costs = np.maximum(self.source_lengths[window], self.target_lengths[window])
+            boundaries.append(start + token_budget_boundaries(costs, self.max_tokens, self.max_sentences)[1:])
+        bounds = np.concatenate(boundaries)
+        starts, ends = bounds[:-1], bounds[1:]
         if self.shuffle:
             shuffled = rng.permutation(len(starts))
             starts, ends = starts[shuffled], ends[shuffled]
@@ -119,7 +126,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         batch that crosses from one source length to the next still holds targets of similar length. One key of both
         lengths, sorted once, holds no more than a few bytes a pair.
         """
-        span = int(self.target_lengths.max(initial=0)) + 1
+        span = self._target_span
         key = self.source_lengths[order].astype(np.int32 if 2 * span * span < 2**31 else np.int64)
         target = self.target_lengths[order].astype(key.dtype, copy=False)
         np.subtract(span - 1, target, out=target, where=key % 2 == 1)
