@@ -178,8 +178,8 @@ def test_serve_benchmark_runs_on_a_short_run(run_dir):
 
 
 def test_data_scale_benchmark_runs_on_a_small_corpus(tmp_path):
-    """Both paths on a corpus of 3,000 pairs, kept in --work: a second call measures streaming again and keeps what
-    the first measured of the prepared path."""
+    """Both paths on a corpus of 3,000 pairs, kept in --work: a second call measures the second run and streaming
+    again on what the first left there, and keeps the first run it measured."""
     out, work = tmp_path / "data_scale.json", tmp_path / "work"
     common = ["--sizes", "3000", "--work", str(work), "--out", str(out), "--stream-batches", "3"]
     run(str(BENCHMARKS / "data_scale.py"), *common, "--reference-pairs", "1000")
@@ -189,7 +189,9 @@ def test_data_scale_benchmark_runs_on_a_small_corpus(tmp_path):
     assert entry["streaming"]["first_run"]["batches_per_s"] > 0
     assert set(entry["first_run"]["phases_s"]) == {"import", "read", "tokenizer", "tokenize", "plan", "first_batch"}
     first = entry["first_run"]
-    run(str(BENCHMARKS / "data_scale.py"), *common, "--measure", "streaming")
+    run(str(BENCHMARKS / "data_scale.py"), *common, "--measure", "rerun", "streaming")
     (again,) = json.loads(out.read_text())["sizes"]
-    assert again["first_run"] == first and again["streaming"]["second_run"]["to_first_batch_s"] > 0
+    assert again["first_run"] == first and again["second_run"]["batches"] == first["batches"]
+    assert again["streaming"]["second_run"]["to_first_batch_s"] > 0
+    assert set(again["commits"]) == {"prepare", "rerun", "streaming"}
     assert (tmp_path / "data_scale.png").exists()

@@ -43,9 +43,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
-        # int32: 8 bytes a pair for both sides, and the plan's order 4 more (a plan of Python lists took ~100).
-        self.source_lengths = np.asarray(source_lengths, dtype=np.int32)
-        self.target_lengths = np.asarray(target_lengths, dtype=np.int32)
+        # Integer arrays as given (the data module's are int16 where they fit): 4-8 bytes a pair for both sides, and
+        # the plan's order 4 more (a plan of Python lists took ~100).
+        self.source_lengths, self.target_lengths = _integers(source_lengths), _integers(target_lengths)
         if self.source_lengths.shape != self.target_lengths.shape:
             raise ValueError("source_lengths and target_lengths must have one entry per pair")
         if not 0 <= rank < world_size:
@@ -136,6 +136,11 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         by_key = np.argsort(key, kind="stable")
         del key
         return order[by_key]
+
+
+def _integers(values: Sequence[int] | np.ndarray) -> np.ndarray:
+    array = np.asarray(values)
+    return array if array.dtype.kind in "iu" else array.astype(np.int32)
 
 
 def _split_until_divisible(starts: np.ndarray, ends: np.ndarray, world_size: int) -> tuple[np.ndarray, np.ndarray]:

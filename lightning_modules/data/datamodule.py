@@ -6,6 +6,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch.distributed as dist
 from datasets import Dataset, Features, IterableDataset, List, Value
 from filelock import FileLock
@@ -312,7 +314,10 @@ class TranslationDataModule(pl.LightningDataModule):
     def _filter(self, role: str, split: str, encoded: Dataset) -> tuple[Dataset, np.ndarray, np.ndarray]:
         """Drop (training) or cut (evaluation) pairs over the length limits; count what happens to each pair."""
         hp = self.hparams
-        source, target, empty = _columns(encoded, "source_length", "target_length", "empty")
+        table = encoded.with_format("arrow", columns=["source_length", "target_length", "empty"])[:]
+        source = _length_column(table, "source_length", hp.max_source_positions)
+        target = _length_column(table, "target_length", hp.max_target_positions)
+        empty = table.column("empty").to_numpy()
         too_long = (source > hp.max_source_positions) | (target > hp.max_target_positions)
         training = role == "train"
         keep = ~(empty | too_long) if training else np.ones_like(empty)
@@ -348,8 +353,7 @@ class TranslationDataModule(pl.LightningDataModule):
         return encoded, source, target
 
     def _check_unknown_rate(self, split: str, encoded: Dataset, source: np.ndarray, target: np.ndarray) -> None:
-        (unknown_tokens,) = _columns(encoded, "unknown_tokens")
-        unknown = int(unknown_tokens.sum(dtype=np.int64))
+        unknown = pc.sum(encoded.with_format("arrow", columns=["unknown_tokens"])[:].column(0)).as_py() or 0
         rate = unknown / max(int(source.sum() + target.sum()), 1)
         if rate <= _UNKNOWN_RATE_WARNING:
             return
@@ -495,8 +499,11 @@ def _encode_pairs(batch: dict[str, list[str]], tokenizer: str, unknown_id: int |
     }
 
 
-def _columns(dataset: Dataset, *names: str) -> list[np.ndarray]:
-    """Whole columns of scalars as numpy arrays, read from the Arrow table in one copy each: datasets' numpy
-    formatting of `[:]` took seconds a column, and several copies of it in memory, at 20 M rows."""
-    table = dataset.with_format("arrow", columns=list(names))[:]
-    return [table.column(name).to_numpy() for name in names]
+def _length_column(table: pa.Table, name: str, limit: int) -> np.ndarray:
+    """A column of lengths as numpy, read from the split's Arrow table in one copy (datasets' numpy formatting took
+    seconds and several copies a column at 20 M rows); int16 where every length and the model's limit fit, two bytes
+    a pair."""
+    column = table.column(name)
+    if max(pc.max(column).as_py() or 0, limit) < 2**15:
+        column = column.cast(pa.int16())
+    return column.to_numpy()
