@@ -315,9 +315,9 @@ class TranslationDataModule(pl.LightningDataModule):
         """Drop (training) or cut (evaluation) pairs over the length limits; count what happens to each pair."""
         hp = self.hparams
         table = encoded.with_format("arrow", columns=["source_length", "target_length", "empty"])[:]
-        source = _length_column(table, "source_length", hp.max_source_positions)
-        target = _length_column(table, "target_length", hp.max_target_positions)
-        empty = table.column("empty").to_numpy()
+        source = _column(table, "source_length", hp.max_source_positions)
+        target = _column(table, "target_length", hp.max_target_positions)
+        empty = _column(table, "empty")
         too_long = (source > hp.max_source_positions) | (target > hp.max_target_positions)
         training = role == "train"
         keep = ~(empty | too_long) if training else np.ones_like(empty)
@@ -499,11 +499,16 @@ def _encode_pairs(batch: dict[str, list[str]], tokenizer: str, unknown_id: int |
     }
 
 
-def _length_column(table: pa.Table, name: str, limit: int) -> np.ndarray:
-    """A column of lengths as numpy, read from the split's Arrow table in one copy (datasets' numpy formatting took
-    seconds and several copies a column at 20 M rows); int16 where every length and the model's limit fit, two bytes
-    a pair."""
+def _column(table: pa.Table, name: str, limit: int | None = None) -> np.ndarray:
+    """A column as one numpy array, filled a chunk at a time from the split's memory-mapped Arrow table (no copy of
+    the whole column on the way; datasets' numpy formatting took seconds and several copies a column at 20 M rows).
+    Lengths (`limit`: the model's) are int16 where they and the limit fit: two bytes a pair."""
     column = table.column(name)
-    if max(pc.max(column).as_py() or 0, limit) < 2**15:
-        column = column.cast(pa.int16())
-    return column.to_numpy()
+    dtype = column.type.to_pandas_dtype()
+    if limit is not None and max(pc.max(column).as_py() or 0, limit) < 2**15:
+        dtype = np.int16
+    values, start = np.empty(len(column), dtype=dtype), 0
+    for chunk in column.chunks:
+        values[start : start + len(chunk)] = chunk.to_numpy(zero_copy_only=False)
+        start += len(chunk)
+    return values
