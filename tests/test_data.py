@@ -702,11 +702,15 @@ NUMBERS = "".join(f"{n} {n * n}\n" for n in range(5000)).encode()  # compresses 
     [
         (
             "train.de.gz",
-            gzip.compress(NUMBERS)[:5000],
+            gzip.compress(NUMBERS, mtime=0)[:5000],
             r"train\.de\.gz is cut short or damaged after line \d+ \(Compressed file ended before the end-of-stream "
             r"marker was reached\): copy or download it again \(gzip -t .*train\.de\.gz checks a file\)$",
         ),
-        ("train.jsonl.gz", gzip.compress(b'{"en": "a", "de": "b"}\n')[:15], "is cut short or damaged within its first"),
+        (
+            "train.jsonl.gz",
+            gzip.compress(b'{"en": "a", "de": "b"}\n', mtime=0)[:15],
+            "is cut short or damaged within its first",
+        ),
         ("train.de.gz", b"eins\n", r"train\.de\.gz ends in \.gz but holds no gzip data .*rename it without \.gz"),
         ("train.de", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", r"train\.de is binary data, not text \(a NUL byte on line 3\)"),
         ("train.jsonl", b"\0\x01\x02\n", r"train\.jsonl is binary data, not text \(a NUL byte on line 1\)"),
