@@ -220,3 +220,13 @@ def test_windows_of_a_large_split_give_every_pair_once_in_batches_of_one_length_
     for window in range(10):  # each window is sorted by source length
         lengths = source[order[window * 100 : (window + 1) * 100]]
         assert (np.diff(lengths) >= 0).all()
+
+
+def test_the_length_order_holds_for_lengths_whose_key_outgrows_int32():
+    """The sort key is source * 2 * (longest target + 1) + target: with sources of hundreds of millions of tokens it
+    no longer fits in int32 even where the targets are short."""
+    source = np.array([300_000_000, 5, 299_999_999, 7], dtype=np.int64)
+    target = np.array([3, 1, 2, 3], dtype=np.int64)
+    sampler = TokenBudgetBatchSampler(source, target, max_tokens=10**9, shuffle=False)
+    order, _, _ = sampler.plan_arrays()
+    assert source[order].tolist() == sorted(source.tolist())

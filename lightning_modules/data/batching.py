@@ -56,7 +56,10 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
                 f"a pair of {longest} tokens does not fit in a batch of max_tokens={max_tokens}: raise max_tokens "
                 "or lower max_source_positions/max_target_positions"
             )
+        # The length key of `_length_order`, source * 2 * span + target, in int32 where its largest value fits.
         self._target_span = int(self.target_lengths.max(initial=0)) + 1
+        largest_key = (int(self.source_lengths.max(initial=0)) + 1) * 2 * self._target_span
+        self._key_dtype = np.int32 if largest_key < 2**31 else np.int64
         self.max_tokens, self.max_sentences = max_tokens, max_sentences
         self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
         self.epoch = 0
@@ -127,7 +130,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         lengths, sorted once, holds no more than a few bytes a pair.
         """
         span = self._target_span
-        key = self.source_lengths[order].astype(np.int32 if 2 * span * span < 2**31 else np.int64)
+        key = self.source_lengths[order].astype(self._key_dtype)
         target = self.target_lengths[order].astype(key.dtype, copy=False)
         np.subtract(span - 1, target, out=target, where=key % 2 == 1)
         key *= 2 * span
