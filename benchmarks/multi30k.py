@@ -17,3 +17,11 @@ def read_split(split: str, lang: str) -> list[str]:
     """One sentence per line of {split}.{lang}.gz in the Multi30k folder."""
     with gzip.open(Path(multi30k_dir()) / f"{split}.{lang}.gz", "rt", encoding="utf-8") as lines:
         return [line.rstrip("\n") for line in lines]
+
+
+def test_splits(source_lang: str, target_lang: str) -> list[str]:
+    """The folder's test sets in both languages, test_2016_flickr first: Multi30k's later ones (test_2017_flickr,
+    test_2017_mscoco, test_2018_flickr) are scored wherever a user's copy holds them."""
+    folder = Path(multi30k_dir())
+    splits = {path.name.removesuffix(f".{source_lang}.gz") for path in folder.glob(f"test_*.{source_lang}.gz")}
+    return sorted(split for split in splits if (folder / f"{split}.{target_lang}.gz").exists())

@@ -1,26 +1,31 @@
-"""Translation quality of a Multi30k run: every score papers report, on test_2016_flickr, for the last checkpoint and
-the average of the last N, with the decoding settings (beam size, length penalty) chosen on `val`, never on test.
+"""Translation quality of a Multi30k run: every score papers report, on test_2016_flickr and each later Multi30k test
+set in the folder, for the last checkpoint and the average of the last N, with the decoding settings (beam size,
+length penalty) chosen on `val`, never on test.
 
     hf-transformer fit --config configs/multi30k.yaml
     MULTI30K_DIR=path/to/multi30k python benchmarks/quality.py --run-dir runs/multi30k
+    hf-transformer fit --config configs/multi30k.yaml --seed_everything 1 --trainer.default_root_dir runs/seed1
+    MULTI30K_DIR=path/to/multi30k python benchmarks/quality.py --run-dir runs/seed1      # the recipe's second seed
 
 Scores (`hf_transformer.scoring`, each printed with how it was computed): sacreBLEU (cased, detokenized, 13a, the
 number to compare across papers that report sacreBLEU), lowercased sacreBLEU, chrF, the tokenized lowercased BLEU
-that Multi30k papers report, and the compound-split tokenized BLEU of WMT14 en-de papers. Also the val -> test gap,
-and a learning-curve plot; writes JSON and the plot to benchmarks/results/.
+that Multi30k papers report, and the compound-split tokenized BLEU of WMT14 en-de papers. Also the val -> test gaps, the
+run's budget (steps, target tokens) and its time (training minutes, the median target tokens/s), and a learning-curve
+plot. The JSON in benchmarks/results/ holds every scored run, one entry per recipe and seed, for the results tables.
 """
 
 import argparse
 import csv
 import itertools
 import json
+import statistics
 import time
 from pathlib import Path
 
 import torch
 import yaml
 from machine import device_name
-from multi30k import read_split
+from multi30k import read_split, test_splits
 
 from hf_transformer import translate
 from hf_transformer.scoring import SACREBLEU, SACREBLEU_LOWERCASED, format_scores, translation_scores
@@ -33,6 +38,7 @@ from lightning_modules.checkpoint import (
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
+RATE = "throughput/target_tokens_per_sec"
 
 
 def score(checkpoint: dict, sources: list[str], references: list[str], max_tokens: int, **decoding) -> dict:
@@ -89,14 +95,23 @@ def run_settings(run: Path) -> dict:
 
 
 def recipe(run: Path, version: str) -> str:
-    """The settings of the run that tell recipes apart, and the version that trained it."""
+    """The settings of the run that tell recipes apart (the seed aside: a recipe's seeds are averaged), and the
+    version that trained it."""
     settings = run_settings(run)
     model, trainer, data = (settings.get(key) or {} for key in ("model", "trainer", "data"))
+    config = model.get("config") or {}
     return (
-        f"hf-transformer {version}: dropout {(model.get('config') or {}).get('dropout')}, warm-up "
-        f"{model.get('warmup_steps')}, peak lr {model.get('peak_lr')}, {data.get('max_tokens')}-token batches, "
-        f"max_steps {trainer.get('max_steps')}, seed {settings.get('seed_everything')}"
+        f"hf-transformer {version}: dropout {config.get('dropout')}, warm-up {model.get('warmup_steps')}, peak lr "
+        f"{model.get('peak_lr')}, {data.get('max_tokens')}-token batches, max_steps {trainer.get('max_steps')}, "
+        f"{trainer.get('precision')} with {config.get('attn_implementation') or 'sdpa'} attention"
     )
+
+
+def median_rate(metrics_csvs: list[Path]) -> float | None:
+    """The median of the target tokens/s that the run's step lines logged (`TranslationThroughput`): its steady pace,
+    which a pause or a start-up does not move as it moves the mean."""
+    rates = [float(row[RATE]) for row in read_metrics(metrics_csvs) if row.get(RATE)]
+    return statistics.median(rates) if rates else None
 
 
 def read_metrics(metrics_csvs: list[Path]) -> list[dict[str, str]]:
@@ -110,6 +125,12 @@ def read_metrics(metrics_csvs: list[Path]) -> list[dict[str, str]]:
         if trained:
             rows = [row for row in rows if int(row["step"]) < min(trained)] + logged
     return rows
+
+
+def add_run(runs: list[dict], entry: dict) -> list[dict]:
+    """The scored runs with `entry` last: one file holds every run, and scoring a recipe's seed again replaces that
+    seed's entry."""
+    return [kept for kept in runs if (kept["recipe"], kept["seed"]) != (entry["recipe"], entry["seed"])] + [entry]
 
 
 def learning_curve(metrics_csvs: list[Path], out: Path) -> None:
@@ -139,9 +160,9 @@ def learning_curve(metrics_csvs: list[Path], out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", default="runs/multi30k")
-    parser.add_argument("--average", type=int, default=5, help="average this many last checkpoints")
-    parser.add_argument("--beams", default="4", help="beam sizes to try on val, e.g. 4,5")
-    parser.add_argument("--length-penalties", default="0.6", help="length penalties to try on val, e.g. 0.6,1.0")
+    parser.add_argument("--average", type=int, default=10, help="average this many last checkpoints")
+    parser.add_argument("--beams", default="4,5", help="beam sizes to try on val")
+    parser.add_argument("--length-penalties", default="1.0,1.3,1.6", help="length penalties to try on val")
     parser.add_argument("--limit", type=int, default=None, help="score only the first N sentences of each split")
     parser.add_argument("--max-tokens", type=int, default=8192)
     parser.add_argument(
@@ -158,46 +179,46 @@ def main() -> None:
     run = Path(args.run_dir)
     last = load_checkpoint(run / "checkpoints" / "last.ckpt")
     averaged_paths = last_checkpoints(run / "checkpoints", args.average)
-    checkpoints = {"last_checkpoint": last, f"average_last_{args.average}": average_checkpoints(averaged_paths)}
+    checkpoints = {"last_checkpoint": last, "average": average_checkpoints(averaged_paths)}
     beams = [int(beam) for beam in args.beams.split(",")]
     penalties = [float(penalty) for penalty in args.length_penalties.split(",")]
 
     version = last.get("hf_transformer_version", "an unknown version")
     throughput = last.get("callbacks", {}).get("TranslationThroughput", {})
-    report = {
+    metrics = sorted(run.glob("logs/version_*/metrics.csv"), key=lambda path: int(path.parent.name[8:]))
+    entry = {
         "recipe": args.recipe or recipe(run, version),
+        "seed": run_settings(run).get("seed_everything"),
         "steps": last["global_step"],
         "target_tokens": throughput.get("trained_target_tokens"),
         "training_minutes": training_minutes(last),
+        "target_tokens_per_sec": median_rate(metrics),
         "device": device_name("cpu") if not torch.cuda.is_available() else device_name("cuda"),
         "averaged_checkpoints": [path.name for path in averaged_paths],
     }
+    tests = test_splits("en", "de")
     for key, checkpoint in checkpoints.items():
         decoding = tune_decoding(checkpoint, beams, penalties, args.max_tokens, args.limit, args.select_on)
         settings = {"num_beams": decoding["num_beams"], "length_penalty": decoding["length_penalty"]}
-        splits = {"val": ("val", "en", "de"), "test_2016_flickr": ("test_2016_flickr", "en", "de")}
         results = {}
-        for name, (split, source_lang, target_lang) in splits.items():
-            sources = read_split(split, source_lang)[: args.limit]
-            references = read_split(split, target_lang)[: args.limit]
-            results[name] = score(checkpoint, sources, references, args.max_tokens, **settings)
-        gap = results["test_2016_flickr"]["scores"][args.select_on] - results["val"]["scores"][args.select_on]
-        report[key] = {"decoding": decoding, **results, "val_to_test_gap": gap}
-        print(f"\n{key} (step {checkpoint['global_step']}), {settings} chosen on val; test_2016_flickr:")
-        print(results["test_2016_flickr"]["table"])
-        print(f"val -> test gap ({args.select_on}): {gap:+.2f}")
+        for split in ["val", *tests]:
+            sources, references = read_split(split, "en")[: args.limit], read_split(split, "de")[: args.limit]
+            results[split] = score(checkpoint, sources, references, args.max_tokens, **settings)
+        val = results["val"]["scores"][args.select_on]
+        gaps = {split: results[split]["scores"][args.select_on] - val for split in tests}
+        entry[key] = {"decoding": decoding, **results, "val_to_test_gap": gaps}
+        print(f"\n{key} (step {checkpoint['global_step']}), {settings} chosen on val")
+        for split in tests:
+            print(f"{split}:\n{results[split]['table']}\nval -> {split} gap ({args.select_on}): {gaps[split]:+.2f}")
 
-    minutes = f" ({report['training_minutes']:.1f} min of training)" if report["training_minutes"] else ""
-    print(f"\nMulti30k en->de after {report['steps']} steps{minutes}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    metrics = sorted(run.glob("logs/version_*/metrics.csv"), key=lambda path: int(path.parent.name[8:]))
+    minutes = f" ({entry['training_minutes']:.1f} min of training)" if entry["training_minutes"] else ""
+    print(f"\nMulti30k en->de after {entry['steps']} steps{minutes}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     if metrics:
-        plot = Path(args.out).with_name(Path(args.out).stem + "_learning_curve.png")
+        plot = out.with_name(out.stem + "_learning_curve.png")
         learning_curve(metrics, plot)
         print(f"learning curve: {plot}")
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"Written to {args.out}")
-
-
-if __name__ == "__main__":
-    main()
+    runs = add_run(json.loads(out.read_text())["runs"] if out.exists() else [], entry)
+    out.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+    print(f"Written to {out} ({len(runs)} runs)")

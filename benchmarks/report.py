@@ -31,32 +31,80 @@ def _x(ratio: float) -> str:
     return f"{ratio:.2f}x"
 
 
+def recipes() -> dict[str, list[dict]]:
+    """The Multi30k runs that `benchmarks/quality.py` scored, by recipe (its seeds together), in the order scored."""
+    grouped: dict[str, list[dict]] = {}
+    for run in result("multi30k")["runs"]:
+        grouped.setdefault(run["recipe"], []).append(run)
+    return grouped
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
 def quality() -> str:
-    """Multi30k English -> German, the run that `benchmarks/quality.py` scored (`recipe` says which): val and
-    test_2016_flickr."""
-    run = result("multi30k")
+    """Multi30k English -> German: each scored run's average of its last checkpoints, decoded as val chose, on every
+    test set scored, with the val -> test gap; a recipe of several seeds also gets their mean."""
     rows = []
-    for key, label in (("last_checkpoint", "last checkpoint"), ("average_last_10", "average of the last 10")):
-        entry = run[key]
-        decoding = entry["decoding"]
-        val, test = entry["val"]["scores"], entry["test_2016_flickr"]["scores"]
-        rows.append(
-            [
-                f"{label}, beam {decoding['num_beams']}, length penalty {decoding['length_penalty']} (chosen on val)",
-                f"{val['sacreBLEU']:.2f}",
-                f"{test['sacreBLEU']:.2f}",
-                f"{test['sacreBLEU, lowercased']:.2f}",
-                f"{test['tokenized BLEU, lowercased']:.2f}",
-                f"{test['chrF']:.2f}",
-            ]
-        )
-    header = ["model", "val sacreBLEU", "test sacreBLEU", "lowercased", "tokenized, lowercased", "chrF"]
+    for recipe, runs in recipes().items():
+        tests = [split for split in runs[0]["average"] if split.startswith("test")]
+        for split in tests:
+            scores = []
+            for run in runs:
+                average = run["average"]
+                val, test = average["val"]["scores"], average[split]["scores"]
+                scores.append((val["sacreBLEU"], test["sacreBLEU"], test["tokenized BLEU, lowercased"]))
+                decoding = average["decoding"]
+                rows.append(
+                    [
+                        recipe,
+                        str(run["seed"]),
+                        f"{run['steps']:,}",
+                        f"last {len(run['averaged_checkpoints'])}, beam {decoding['num_beams']}, length penalty "
+                        f"{decoding['length_penalty']}",
+                        split,
+                        *(f"{value:.2f}" for value in scores[-1]),
+                        f"{average['val_to_test_gap'][split]:+.2f}",
+                    ]
+                )
+            if len(runs) > 1:
+                means = [_mean(list(column)) for column in zip(*scores, strict=True)]
+                gap = _mean([run["average"]["val_to_test_gap"][split] for run in runs])
+                rows.append(
+                    [f"**{recipe}**", f"**mean of {len(runs)}**", "", "", split]
+                    + [f"**{value:.2f}**" for value in means]
+                    + [f"**{gap:+.2f}**"]
+                )
+    header = ["recipe", "seed", "steps", "averaged, decoding (chosen on val)", "test set", "val sacreBLEU"]
+    header += ["test sacreBLEU", "test tokenized, lowercased", "val -> test gap"]
+    return markdown(header, rows)
+
+
+def quality_time() -> str:
+    """What each scored Multi30k run trained (updates, target tokens) and how long it took where it ran."""
+    rows = []
+    for recipe, runs in recipes().items():
+        for run in runs:
+            tokens, rate = run["target_tokens"], run["target_tokens_per_sec"]
+            rows.append(
+                [
+                    recipe,
+                    str(run["seed"]),
+                    run["device"] or "not recorded",
+                    f"{run['steps']:,}",
+                    f"{tokens / 1e6:.1f} M" if tokens else "not recorded",
+                    f"{run['training_minutes']:.0f}",
+                    f"{rate:,.0f}" if rate else "not recorded",
+                ]
+            )
+    header = ["recipe", "seed", "device", "steps", "target tokens", "training, min", "target tokens/s (median)"]
     return markdown(header, rows)
 
 
 def quality_signatures() -> str:
     """How each score of `quality` was computed."""
-    how = result("multi30k")["average_last_10"]["test_2016_flickr"]["how"]
+    how = result("multi30k")["runs"][-1]["average"]["test_2016_flickr"]["how"]
     rows = [[name, "`" + text.replace("|", "\\|") + "`"] for name, text in how.items()]
     return markdown(["score", "how it was computed"], rows)
 
@@ -216,18 +264,20 @@ def data_scale_streaming() -> str:
 
 def headline() -> str:
     """README's one table: quality and speed, each row with the command that reproduces it."""
-    run = result("multi30k")
-    average = run["average_last_10"]
-    test = average["test_2016_flickr"]["scores"]
+    recipe, runs = list(recipes().items())[-1]  # the recipe scored last
+    tests = [run["average"]["test_2016_flickr"]["scores"] for run in runs]
+    sacrebleu = _mean([test["sacreBLEU"] for test in tests])
+    tokenized = _mean([test["tokenized BLEU, lowercased"] for test in tests])
+    seeds = f"mean of {len(runs)} seeds" if len(runs) > 1 else f"seed {runs[0]['seed']}"
     speed = result("speed")
     small = next(entry for entry in speed["training"] if entry["size"] == "small")
     batched = speed["generation"]["batched_translate"]
     deploy = result("deploy")["engines"]
     rows = [
         [
-            f"Multi30k en-de test_2016_flickr, sacreBLEU / tokenized lowercased BLEU: {run['recipe']}, "
-            f"{run['steps']:,} steps, average of the last 10",
-            f"{test['sacreBLEU']:.2f} / {test['tokenized BLEU, lowercased']:.2f}",
+            f"Multi30k en-de test_2016_flickr, sacreBLEU / tokenized lowercased BLEU: {recipe}, "
+            f"{runs[0]['steps']:,} steps, {seeds}, average of the last {len(runs[0]['averaged_checkpoints'])}",
+            f"{sacrebleu:.2f} / {tokenized:.2f}",
             "`hf-transformer fit --config configs/multi30k.yaml` then `python benchmarks/quality.py --run-dir "
             "runs/multi30k`",
         ],
@@ -255,6 +305,7 @@ TABLES: dict[str, Callable[[], str]] = {
     for function in (
         headline,
         quality,
+        quality_time,
         quality_signatures,
         training_speed,
         training_memory,

@@ -102,6 +102,27 @@ def test_learning_curve_of_a_resumed_run_joins_its_logs(tmp_path, monkeypatch):
     assert [row["val/bleu"] for row in read_metrics([first, second]) if row["val/bleu"]] == ["20.0"]
 
 
+def test_the_pace_of_a_run_is_the_median_of_its_throughput_lines(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from quality import median_rate
+
+    header = "epoch,step,train/loss,throughput/target_tokens_per_sec\n"
+    first, second = tmp_path / "version_0.csv", tmp_path / "version_1.csv"
+    first.write_text(header + "0,10,4.0,100.0\n0,20,3.0,3000.0\n")  # paused during step 20, then died
+    second.write_text(header + "0,20,2.9,110.0\n0,30,2.8,120.0\n")  # resumed from step 10: step 20 again
+    assert median_rate([first, second]) == 110.0
+    assert median_rate([]) is None
+
+
+def test_a_seed_scored_again_replaces_its_entry_and_others_are_kept(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from quality import add_run
+
+    runs = add_run(add_run([], {"recipe": "a", "seed": 0, "bleu": 1}), {"recipe": "a", "seed": 1, "bleu": 2})
+    runs = add_run(add_run(runs, {"recipe": "b", "seed": 0, "bleu": 3}), {"recipe": "a", "seed": 0, "bleu": 4})
+    assert [(run["recipe"], run["seed"], run["bleu"]) for run in runs] == [("a", 1, 2), ("b", 0, 3), ("a", 0, 4)]
+
+
 def test_padding_benchmark_runs(tmp_path):
     multi30k_dir()
     out = tmp_path / "padding.json"
@@ -121,6 +142,10 @@ def test_quality_report_runs_on_a_short_run(run_dir):
         "runs/demo",
         "--average",
         "2",
+        "--beams",
+        "4",
+        "--length-penalties",
+        "1.0",
         "--limit",
         "8",
         "--select-on",
@@ -129,12 +154,13 @@ def test_quality_report_runs_on_a_short_run(run_dir):
         str(out),
         cwd=run_dir,
     )
-    report = json.loads(out.read_text())
-    assert {"last_checkpoint", "average_last_2"} <= set(report)
+    (report,) = json.loads(out.read_text())["runs"]
+    assert {"last_checkpoint", "average"} <= set(report) and len(report["averaged_checkpoints"]) == 2
+    assert report["steps"] == 6 and report["target_tokens"] > 0 and report["seed"] == 0
     last = report["last_checkpoint"]  # one decoding tried; val chose it on its lowercased score
     assert list(last["decoding"]["val_grid"].values()) == [last["val"]["scores"]["sacreBLEU, lowercased"]]
     lowercased = {split: last[split]["scores"]["sacreBLEU, lowercased"] for split in ("val", "test_2016_flickr")}
-    assert last["val_to_test_gap"] == lowercased["test_2016_flickr"] - lowercased["val"]
+    assert last["val_to_test_gap"] == {"test_2016_flickr": lowercased["test_2016_flickr"] - lowercased["val"]}
     assert (run_dir / "quality_learning_curve.png").exists()
     assert set(report["last_checkpoint"]["test_2016_flickr"]["scores"]) >= {"sacreBLEU", "tokenized BLEU, lowercased"}
 

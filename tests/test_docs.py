@@ -39,3 +39,16 @@ def test_a_table_changes_with_its_json(monkeypatch):
     changed = {**speed, "training": [{**speed["training"][0], "ratio_ours_over": {"marian": 9.5, "nn.Transformer": 1}}]}
     monkeypatch.setattr(report, "result", lambda name: changed if name == "speed" else report.result.__wrapped__(name))
     assert "9.50x" in report.table("training_speed")
+
+
+def test_a_recipe_of_several_seeds_is_reported_with_their_mean(monkeypatch):
+    run = report.result("multi30k")["runs"][0]
+    other = {**run, "seed": 1, "average": {**run["average"], "val_to_test_gap": {"test_2016_flickr": 0.5}}}
+    test = other["average"]["test_2016_flickr"]
+    other["average"]["test_2016_flickr"] = {**test, "scores": {**test["scores"], "tokenized BLEU, lowercased": 50.0}}
+    runs = {"runs": [run, other]}
+    monkeypatch.setattr(report, "result", lambda name: runs if name == "multi30k" else report.result.__wrapped__(name))
+    mean = (run["average"]["test_2016_flickr"]["scores"]["tokenized BLEU, lowercased"] + 50.0) / 2
+    assert "**mean of 2** |  |  | test_2016_flickr |" in report.table("quality")
+    assert f"**{mean:.2f}**" in report.table("quality")
+    assert "mean of 2 seeds" in report.table("headline") and f"/ {mean:.2f}" in report.table("headline")
