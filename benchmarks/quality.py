@@ -222,3 +222,7 @@ def main() -> None:
     runs = add_run(json.loads(out.read_text())["runs"] if out.exists() else [], entry)
     out.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
     print(f"Written to {out} ({len(runs)} runs)")
+
+
+if __name__ == "__main__":
+    main()
