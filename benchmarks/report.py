@@ -278,8 +278,9 @@ def headline() -> str:
             f"Multi30k en-de test_2016_flickr, sacreBLEU / tokenized lowercased BLEU: {recipe}, "
             f"{runs[0]['steps']:,} steps, {seeds}, average of the last {len(runs[0]['averaged_checkpoints'])}",
             f"{sacrebleu:.2f} / {tokenized:.2f}",
-            "`hf-transformer fit --config configs/multi30k.yaml` then `python benchmarks/quality.py --run-dir "
-            "runs/multi30k`",
+            "`hf-transformer fit --config configs/multi30k.yaml` with the precision and attention the row names "
+            "(`--trainer.precision`, `--model.config.attn_implementation`), then `python benchmarks/quality.py "
+            "--run-dir runs/multi30k`",
         ],
         [
             "training throughput against Marian / `nn.Transformer` (small model, CPU)",
