@@ -64,16 +64,20 @@ def score(checkpoint: dict, sources: list[str], references: list[str], max_token
 def tune_decoding(
     checkpoint: dict, beams: list[int], penalties: list[float], max_tokens: int, limit: int | None, select_on: str
 ) -> dict:
-    """The beam size and length penalty with the best `select_on` score on `val`, and every setting's val score."""
+    """The beam size and length penalty with the best `select_on` score on `val`, every setting's val score, and the
+    best setting's val result (`score`)."""
     sources, references = read_split("val", "en")[:limit], read_split("val", "de")[:limit]
-    grid = {}
+    grid, results = {}, {}
     for num_beams, length_penalty in itertools.product(beams, penalties):
-        result = score(checkpoint, sources, references, max_tokens, num_beams=num_beams, length_penalty=length_penalty)
-        grid[f"beam {num_beams}, length penalty {length_penalty}"] = result["scores"][select_on]
-        print(f"val: beam {num_beams}, length penalty {length_penalty}: {select_on} {grid[next(reversed(grid))]:.2f}")
+        setting = f"beam {num_beams}, length penalty {length_penalty}"
+        results[setting] = score(
+            checkpoint, sources, references, max_tokens, num_beams=num_beams, length_penalty=length_penalty
+        )
+        grid[setting] = results[setting]["scores"][select_on]
+        print(f"val: {setting}: {select_on} {grid[setting]:.2f}")
     best = max(grid, key=grid.get)
     num_beams, length_penalty = best.removeprefix("beam ").split(", length penalty ")
-    return {"num_beams": int(num_beams), "length_penalty": float(length_penalty), "val_grid": grid}
+    return {"num_beams": int(num_beams), "length_penalty": float(length_penalty), "val_grid": grid}, results[best]
 
 
 def training_minutes(checkpoint: dict) -> float | None:
@@ -198,10 +202,10 @@ def main() -> None:
     }
     tests = test_splits("en", "de")
     for key, checkpoint in checkpoints.items():
-        decoding = tune_decoding(checkpoint, beams, penalties, args.max_tokens, args.limit, args.select_on)
+        decoding, best_on_val = tune_decoding(checkpoint, beams, penalties, args.max_tokens, args.limit, args.select_on)
         settings = {"num_beams": decoding["num_beams"], "length_penalty": decoding["length_penalty"]}
-        results = {}
-        for split in ["val", *tests]:
+        results = {"val": best_on_val}
+        for split in tests:
             sources, references = read_split(split, "en")[: args.limit], read_split(split, "de")[: args.limit]
             results[split] = score(checkpoint, sources, references, args.max_tokens, **settings)
         val = results["val"]["scores"][args.select_on]

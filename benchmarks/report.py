@@ -47,9 +47,10 @@ def quality() -> str:
     """Multi30k English -> German: each scored run's average of its last checkpoints, decoded as val chose, on every
     test set scored, with the val -> test gap; a recipe of several seeds also gets their mean."""
     rows = []
-    for recipe, runs in recipes().items():
-        tests = [split for split in runs[0]["average"] if split.startswith("test")]
+    for recipe, all_runs in recipes().items():
+        tests = dict.fromkeys(split for run in all_runs for split in run["average"] if split.startswith("test"))
         for split in tests:
+            runs = [run for run in all_runs if split in run["average"]]  # a test set a seed was not scored on
             scores = []
             for run in runs:
                 average = run["average"]

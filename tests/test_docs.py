@@ -52,3 +52,15 @@ def test_a_recipe_of_several_seeds_is_reported_with_their_mean(monkeypatch):
     assert "**mean of 2** |  |  | test_2016_flickr |" in report.table("quality")
     assert f"**{mean:.2f}**" in report.table("quality")
     assert "mean of 2 seeds" in report.table("headline") and f"/ {mean:.2f}" in report.table("headline")
+
+
+def test_a_test_set_only_some_seeds_were_scored_on_is_averaged_over_those(monkeypatch):
+    run = report.result("multi30k")["runs"][0]
+    later = {**run["average"]["test_2016_flickr"], "scores": {"sacreBLEU": 30.0, "tokenized BLEU, lowercased": 31.0}}
+    gaps = {**run["average"]["val_to_test_gap"], "test_2017_mscoco": -5.0}
+    other = {**run, "seed": 1, "average": {**run["average"], "test_2017_mscoco": later, "val_to_test_gap": gaps}}
+    runs, stored = {"runs": [run, other]}, report.result
+    monkeypatch.setattr(report, "result", lambda name: runs if name == "multi30k" else stored(name))
+    table = report.table("quality")
+    assert "**mean of 2** |  |  | test_2016_flickr |" in table
+    assert "| 1 | " in table and "| test_2017_mscoco | " in table and "mean of 1" not in table
