@@ -137,26 +137,39 @@ def add_run(runs: list[dict], entry: dict) -> list[dict]:
     return [kept for kept in runs if (kept["recipe"], kept["seed"]) != (entry["recipe"], entry["seed"])] + [entry]
 
 
-def learning_curve(metrics_csvs: list[Path], out: Path) -> None:
+# The curves a run's entry keeps from its logs, for the plot of its recipe's seeds: the metric each reads.
+CURVES = {"train_loss": "train/loss", "val_loss": "val/loss", "val_bleu": "val/bleu"}
+
+
+def curves(metrics_csvs: list[Path]) -> dict[str, list[list[float]]]:
+    """The run's logged curves, each a list of [step, value]."""
+    rows = read_metrics(metrics_csvs)
+    return {
+        name: [[int(row["step"]), float(row[column])] for row in rows if row.get(column)]
+        for name, column in CURVES.items()
+    }
+
+
+def learning_curve(runs: list[dict], out: Path) -> None:
+    """Loss and validation BLEU over the steps of each of `runs` (scored entries of one recipe), one colour a seed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = read_metrics(metrics_csvs)
-    train = [(int(r["step"]), float(r["train/loss"])) for r in rows if r.get("train/loss")]
-    val_loss = [(int(r["step"]), float(r["val/loss"])) for r in rows if r.get("val/loss")]
-    val_bleu = [(int(r["step"]), float(r["val/bleu"])) for r in rows if r.get("val/bleu")]
     figure, (losses, bleu) = plt.subplots(1, 2, figsize=(11, 4))
-    losses.plot(*zip(*train, strict=True), label="train (label-smoothed)", alpha=0.7)
-    if val_loss:
-        losses.plot(*zip(*val_loss, strict=True), "o-", label="validation")
-    losses.set(xlabel="step", ylabel="cross-entropy per target token", title="Loss")
+    for colour, run in enumerate(runs):
+        logged, seed = run["learning_curve"], f"seed {run['seed']}"
+        losses.plot(*zip(*logged["train_loss"], strict=True), color=f"C{colour}", alpha=0.4, label=f"{seed}, train")
+        if logged["val_loss"]:
+            losses.plot(*zip(*logged["val_loss"], strict=True), "o-", color=f"C{colour}", label=f"{seed}, validation")
+        if logged["val_bleu"]:
+            bleu.plot(*zip(*logged["val_bleu"], strict=True), "o-", color=f"C{colour}", label=seed)
+    losses.set(xlabel="step", ylabel="cross-entropy per target token", title="Loss (train: label-smoothed)")
     losses.legend()
-    if val_bleu:
-        bleu.plot(*zip(*val_bleu, strict=True), "o-", color="C2")
     bleu.set(xlabel="step", ylabel="sacreBLEU", title="Validation BLEU (beam 4, shortest quarter of val)")
-    figure.suptitle("Multi30k en-de, small post-LN Transformer on a 2-core CPU")
+    bleu.legend()
+    figure.suptitle(f"Multi30k en-de, small post-LN Transformer, {runs[-1]['steps']:,} updates")
     figure.tight_layout()
     figure.savefig(out, dpi=110)
 
@@ -199,6 +212,7 @@ def main() -> None:
         "target_tokens_per_sec": median_rate(metrics),
         "device": device_name("cpu") if not torch.cuda.is_available() else device_name("cuda"),
         "averaged_checkpoints": [path.name for path in averaged_paths],
+        "learning_curve": curves(metrics),
     }
     tests = test_splits("en", "de")
     for key, checkpoint in checkpoints.items():
@@ -219,13 +233,16 @@ def main() -> None:
     print(f"\nMulti30k en->de after {entry['steps']} steps{minutes}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if metrics:
-        plot = out.with_name(out.stem + "_learning_curve.png")
-        learning_curve(metrics, plot)
-        print(f"learning curve: {plot}")
     runs = add_run(json.loads(out.read_text())["runs"] if out.exists() else [], entry)
     out.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
     print(f"Written to {out} ({len(runs)} runs)")
+    seeds = [
+        run for run in runs if run["recipe"] == entry["recipe"] and run.get("learning_curve", {}).get("train_loss")
+    ]
+    if seeds:
+        plot = out.with_name(out.stem + "_learning_curve.png")
+        learning_curve(seeds, plot)
+        print(f"learning curve of {len(seeds)} seed(s): {plot}")
 
 
 if __name__ == "__main__":

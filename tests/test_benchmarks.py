@@ -134,7 +134,17 @@ def test_padding_benchmark_runs(tmp_path):
 @pytest.mark.slow
 def test_quality_report_runs_on_a_short_run(run_dir):
     multi30k_dir()
-    main(["fit", "--config", str(DEMO), "--config", "tiny.yaml", "--trainer.max_steps=6"])
+    main(
+        [
+            "fit",
+            "--config",
+            str(DEMO),
+            "--config",
+            "tiny.yaml",
+            "--trainer.max_steps=6",
+            "--trainer.log_every_n_steps=2",
+        ]
+    )
     out = run_dir / "quality.json"
     run(
         str(BENCHMARKS / "quality.py"),
@@ -161,6 +171,8 @@ def test_quality_report_runs_on_a_short_run(run_dir):
     assert list(last["decoding"]["val_grid"].values()) == [last["val"]["scores"]["sacreBLEU, lowercased"]]
     lowercased = {split: last[split]["scores"]["sacreBLEU, lowercased"] for split in ("val", "test_2016_flickr")}
     assert last["val_to_test_gap"] == {"test_2016_flickr": lowercased["test_2016_flickr"] - lowercased["val"]}
+    steps = [step for step, _ in report["learning_curve"]["train_loss"]]  # what the plot draws: every 2nd step
+    assert len(steps) == 3 and steps == sorted(steps) and steps[-1] < 6
     assert (run_dir / "quality_learning_curve.png").exists()
     assert set(report["last_checkpoint"]["test_2016_flickr"]["scores"]) >= {"sacreBLEU", "tokenized BLEU, lowercased"}
 
