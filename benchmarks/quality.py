@@ -63,7 +63,7 @@ def score(checkpoint: dict, sources: list[str], references: list[str], max_token
 
 def tune_decoding(
     checkpoint: dict, beams: list[int], penalties: list[float], max_tokens: int, limit: int | None, select_on: str
-) -> dict:
+) -> tuple[dict, dict]:
     """The beam size and length penalty with the best `select_on` score on `val`, every setting's val score, and the
     best setting's val result (`score`)."""
     sources, references = read_split("val", "en")[:limit], read_split("val", "de")[:limit]
