@@ -12,6 +12,9 @@ from conftest import DEMO, multi30k_dir
 
 from lightning_modules.cli import main
 
+# The demo at the tiny size of `run_dir`'s tiny.yaml: the short runs the benchmarks are tried on.
+TINY_FIT = ("fit", "--config", str(DEMO), "--config", "tiny.yaml")
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 # speed.py at the smallest size that still runs every model: one round of one step on a 256-token batch, on every
 # device (on a CUDA GPU the bf16 section runs too, as tiny).
@@ -134,17 +137,7 @@ def test_padding_benchmark_runs(tmp_path):
 @pytest.mark.slow
 def test_quality_report_runs_on_a_short_run(run_dir):
     multi30k_dir()
-    main(
-        [
-            "fit",
-            "--config",
-            str(DEMO),
-            "--config",
-            "tiny.yaml",
-            "--trainer.max_steps=6",
-            "--trainer.log_every_n_steps=2",
-        ]
-    )
+    main([*TINY_FIT, "--trainer.max_steps=6", "--trainer.log_every_n_steps=2"])
     out = run_dir / "quality.json"
     run(
         str(BENCHMARKS / "quality.py"),
@@ -182,18 +175,7 @@ def test_deploy_benchmark_runs_on_a_short_run(run_dir):
     multi30k_dir()
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed: pip install 'hf-transformer[ctranslate2]'")
     # The demo tokenizer splits Multi30k English into many tokens (up to 129 for these 8): room for them and outputs.
-    main(
-        [
-            "fit",
-            "--config",
-            str(DEMO),
-            "--config",
-            "tiny.yaml",
-            "--trainer.max_steps=3",
-            "--model.config.max_position_embeddings=512",
-            "--data.max_tokens=1024",
-        ]
-    )
+    main([*TINY_FIT, "--trainer.max_steps=3", "--model.config.max_position_embeddings=512", "--data.max_tokens=1024"])
     main(["export", "runs/demo/checkpoints/last.ckpt", "exported"])
     out = run_dir / "deploy.json"
     run(str(BENCHMARKS / "deploy.py"), "--model", "exported", "--limit", "8", "--repeats", "1", "--out", str(out))
@@ -205,7 +187,7 @@ def test_deploy_benchmark_runs_on_a_short_run(run_dir):
 @pytest.mark.slow
 def test_serve_benchmark_runs_on_a_short_run(run_dir):
     pytest.importorskip("fastapi", reason="serving needs FastAPI: pip install 'hf-transformer[serve]'")
-    main(["fit", "--config", str(DEMO), "--config", "tiny.yaml", "--trainer.max_steps=3"])
+    main([*TINY_FIT, "--trainer.max_steps=3"])
     main(["export", "runs/demo/checkpoints/last.ckpt", "exported"])
     out = run_dir / "serve.json"
     tiny = ("--requests", "4", "--repeats", "1", "--clients", "1", "2", "--seconds", "30")
