@@ -22,6 +22,7 @@ import torch
 from conftest import multi30k_dir
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+import lightning_modules.data.datamodule as datamodule_module
 from hf_transformer.errors import DataError
 from lightning_modules import TranslationDataModule
 from lightning_modules.data.batching import padding_efficiency
@@ -592,7 +593,21 @@ def test_a_split_prepared_once_is_read_from_the_cache_by_the_other_processes(tmp
     assert tokenized() == prepared and len(other.train_dataloader()) > 0
 
 
-def test_filtered_pairs_are_counted_and_logged(tmp_path, caplog):
+def test_the_caches_of_a_split_hold_few_record_batches(tmp_path):
+    """A run holds about 4 KiB of memory for each record batch of the caches it maps (86 MiB at 20 M pairs in
+    `datasets`' batches of 1,000 rows): the split read from files and the tokenized split hold 10,000 rows a batch."""
+    for split, count in (("train", 2500), ("val", 3), ("test", 3)):
+        write_lines(tmp_path / f"{split}.en", [f"{number} small dogs" for number in range(count)])
+        write_lines(tmp_path / f"{split}.de", [f"{number} kleine Hunde" for number in range(count)])
+    dm = local_module(tmp_path, validation_split="val")
+    assert dm.raw_pairs("train").data.column("source_text").num_chunks == 1
+    assert dm.train_dataloader().dataset.data.column("input_ids").num_chunks == 1
+
+
+@pytest.mark.parametrize("block", [None, 4], ids=["one block", "blocks of 4 pairs"])
+def test_filtered_pairs_are_counted_and_logged(tmp_path, caplog, monkeypatch, block):
+    if block is not None:  # the filter's masks are built a block at a time: the counts and pairs kept do not change
+        monkeypatch.setattr(datamodule_module, "_ROWS_PER_FILTER_BLOCK", block)
     long = " ".join(["word"] * 40)
     write_jsonl(tmp_path / "train.jsonl", [{"en": s, "de": t} for s, t in PAIRS * 5 + [("", "leer"), (long, "lang")]])
     write_jsonl(tmp_path / "validation.jsonl", [{"en": s, "de": t} for s, t in PAIRS + [(long, "lang"), ("", "")]])
@@ -614,6 +629,10 @@ def test_filtered_pairs_are_counted_and_logged(tmp_path, caplog):
         **{"pairs": 5, "kept": 5, "dropped_empty": 0, "dropped_too_long": 0, "truncated": 1}
     }
     assert "train split 'train': pairs=17, kept=15, dropped_empty=1, dropped_too_long=1" in caplog.text
+    training = list(dm.train_dataloader())
+    assert sum(len(batch["input_ids"]) for batch in training) == 15
+    # Neither the empty source (its end-of-sentence token alone) nor the long one is trained on.
+    assert all(batch["input_ids"].shape[1] <= 20 and batch["attention_mask"].sum(1).min() > 1 for batch in training)
     batch = next(iter(dm.val_dataloader()))
     assert batch["input_ids"].shape[1] <= 20 and len(batch["source_text"]) == 5
 

@@ -50,7 +50,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             raise ValueError("source_lengths and target_lengths must have one entry per pair")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-        longest = int(np.maximum(self.source_lengths, self.target_lengths).max(initial=0))
+        longest = max(int(self.source_lengths.max(initial=0)), int(self.target_lengths.max(initial=0)))
         if longest > max_tokens:
             raise DataError(
                 f"a pair of {longest} tokens does not fit in a batch of max_tokens={max_tokens}: raise max_tokens "

@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerFast
 from hf_transformer.errors import DataError
 
 from .batching import ResumableDataLoader, TokenBudgetBatchSampler, TranslationCollator
-from .sources import check_source, load_split, to_pairs
+from .sources import ROWS_PER_CACHE_BATCH, check_source, load_split, to_pairs
 from .streaming import StreamLoader, TokenBudgetStream, stream_split
 from .synthetic import SOURCE_LANG, TARGET_LANG, synthetic_splits
 from .tokenization import (
@@ -32,6 +32,8 @@ from .tokenization import (
 
 # Below this many rows per process, starting tokenizer processes costs more than it saves.
 _ROWS_PER_TOKENIZER_PROCESS = 50_000
+# The pairs whose masks the length filter builds at once (a byte a pair each).
+_ROWS_PER_FILTER_BLOCK = 1_000_000
 # Above this share of `<unk>` among the training tokens, the tokenizer does not fit the data: training stops. Above
 # the lower one, it warns. A BPE vocabulary trained on the same data has next to none.
 _UNKNOWN_RATE_ERROR, _UNKNOWN_RATE_WARNING = 0.05, 0.005
@@ -306,6 +308,8 @@ class TranslationDataModule(pl.LightningDataModule):
                 "unknown_id": self.tokenizer.unk_token_id,
             },
             num_proc=num_proc if num_proc > 1 else None,
+            batch_size=ROWS_PER_CACHE_BATCH,  # a batched map writes a record batch per batch it maps
+            writer_batch_size=ROWS_PER_CACHE_BATCH,
             remove_columns=None if keep_text else ["source_text", "target_text"],
             features=_ENCODED_FEATURES if keep_text else _ENCODED_IDS_FEATURES,
             desc="Tokenizing",
@@ -318,17 +322,27 @@ class TranslationDataModule(pl.LightningDataModule):
         source = _column(table, "source_length", hp.max_source_positions)
         target = _column(table, "target_length", hp.max_target_positions)
         empty = _column(table, "empty")
-        too_long = (source > hp.max_source_positions) | (target > hp.max_target_positions)
-        training = role == "train"
-        keep = ~(empty | too_long) if training else np.ones_like(empty)
+        # Masks a block at a time: over the whole split each would take a byte a pair. Pairs are seldom dropped, so
+        # their indices are what is kept.
+        training, dropped, empties, too_long_pairs, too_long_nonempty = role == "train", [], 0, 0, 0
+        for start in range(0, len(empty), _ROWS_PER_FILTER_BLOCK):
+            block = slice(start, start + _ROWS_PER_FILTER_BLOCK)
+            too_long = (source[block] > hp.max_source_positions) | (target[block] > hp.max_target_positions)
+            empties += int(empty[block].sum())
+            too_long_pairs += int(too_long.sum())
+            too_long_nonempty += int((too_long & ~empty[block]).sum())
+            if training:
+                dropped.append(start + np.flatnonzero(too_long | empty[block]))
+        del empty
+        dropped = np.concatenate(dropped) if dropped else np.zeros(0, dtype=np.int64)
         stats = {
             "pairs": len(encoded),
-            "kept": int(keep.sum()),
-            "dropped_empty": int(empty.sum()) if training else 0,
-            "dropped_too_long": int((too_long & ~empty).sum()) if training else 0,
-            "truncated": 0 if training else int(too_long.sum()),
+            "kept": len(encoded) - len(dropped),
+            "dropped_empty": empties if training else 0,
+            "dropped_too_long": too_long_nonempty if training else 0,
+            "truncated": 0 if training else too_long_pairs,
         }
-        if not keep.any():
+        if not stats["kept"]:
             raise DataError(
                 f"split {split!r}: all {len(encoded)} training pairs were dropped ({stats['dropped_empty']} with an "
                 f"empty side, {stats['dropped_too_long']} longer than max_source_positions={hp.max_source_positions}"
@@ -336,8 +350,8 @@ class TranslationDataModule(pl.LightningDataModule):
             )
         if training:  # training batches carry ids only: the raw text is for scoring translations in evaluation
             self._check_unknown_rate(split, encoded, source, target)
-            if not keep.all():  # a selection is an index of every pair kept: none when all are
-                encoded = encoded.select(np.flatnonzero(keep))
+            if len(dropped):  # a selection is an index of every pair kept: none when all are
+                encoded = encoded.select(np.delete(np.arange(len(encoded)), dropped))
             encoded = encoded.select_columns(["input_ids", "labels"])
         else:
             # `index` is the pair's line in the split, so hypotheses can be written back in the split's order.
@@ -348,8 +362,8 @@ class TranslationDataModule(pl.LightningDataModule):
         self._log_filter_stats(role, stats)
         if not training:  # evaluation cuts what is too long
             source, target = np.minimum(source, hp.max_source_positions), np.minimum(target, hp.max_target_positions)
-        elif not keep.all():  # copies of the lengths only where pairs were dropped
-            source, target = source[keep], target[keep]
+        elif len(dropped):  # copies of the lengths only where pairs were dropped
+            source, target = np.delete(source, dropped), np.delete(target, dropped)
         return encoded, source, target
 
     def _check_unknown_rate(self, split: str, encoded: Dataset, source: np.ndarray, target: np.ndarray) -> None:
