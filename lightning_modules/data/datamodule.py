@@ -323,7 +323,7 @@ class TranslationDataModule(pl.LightningDataModule):
         target = _column(table, "target_length", hp.max_target_positions)
         empty = _column(table, "empty")
         # Masks a block at a time: over the whole split each would take a byte a pair. Pairs are seldom dropped, so
-        # their indices are what is kept.
+        # the indices of the dropped ones are what the filter keeps.
         training, dropped, empties, too_long_pairs, too_long_nonempty = role == "train", [], 0, 0, 0
         for start in range(0, len(empty), _ROWS_PER_FILTER_BLOCK):
             block = slice(start, start + _ROWS_PER_FILTER_BLOCK)
