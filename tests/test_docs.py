@@ -64,3 +64,12 @@ def test_a_test_set_only_some_seeds_were_scored_on_is_averaged_over_those(monkey
     table = report.table("quality")
     assert "**mean of 2** |  |  | test_2016_flickr |" in table
     assert "| 1 | " in table and "| test_2017_mscoco | " in table and "mean of 1" not in table
+
+
+def test_the_headline_reports_the_recipe_scored_last_with_all_its_seeds(monkeypatch):
+    run = report.result("multi30k")["runs"][0]
+    other = {**run, "recipe": "another recipe"}
+    runs, stored = {"runs": [run, other, {**run, "seed": 1}]}, report.result
+    monkeypatch.setattr(report, "result", lambda name: runs if name == "multi30k" else stored(name))
+    assert run["recipe"] in report.table("headline") and "mean of 2 seeds" in report.table("headline")
+    assert "another recipe" not in report.table("headline")
