@@ -263,12 +263,16 @@ class FirstStep(pl.Callback):
 
 
 def code_version() -> str:
-    """The commit of this checkout (with "+changes" where its files differ from it), or "unknown" outside git."""
+    """The commit of this checkout (with "+changes" where its files other than the results differ from it), or
+    "unknown" outside git."""
     try:
         git = ["git", "-C", str(Path(__file__).parent)]
         commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
         changed = subprocess.run(
-            [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+            # The exclusion is relative to this folder, where git runs.
+            [*git, "status", "--porcelain", "--untracked-files=no", "--", ":/", f":!{RESULTS.name}"],
+            capture_output=True,
+            text=True,
         )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
