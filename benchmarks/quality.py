@@ -111,10 +111,10 @@ def recipe(run: Path, version: str) -> str:
     )
 
 
-def median_rate(metrics_csvs: list[Path]) -> float | None:
-    """The median of the target tokens/s that the run's step lines logged (`TranslationThroughput`): its steady pace,
-    which a pause or a start-up does not move as it moves the mean."""
-    rates = [float(row[RATE]) for row in read_metrics(metrics_csvs) if row.get(RATE)]
+def median_rate(rows: list[dict[str, str]]) -> float | None:
+    """The median of the target tokens/s that the run's step lines (`read_metrics`) logged (`TranslationThroughput`):
+    its steady pace, which a pause or a start-up does not move as it moves the mean."""
+    rates = [float(row[RATE]) for row in rows if row.get(RATE)]
     return statistics.median(rates) if rates else None
 
 
@@ -141,9 +141,8 @@ def add_run(runs: list[dict], entry: dict) -> list[dict]:
 CURVES = {"train_loss": "train/loss", "val_loss": "val/loss", "val_bleu": "val/bleu"}
 
 
-def curves(metrics_csvs: list[Path]) -> dict[str, list[list[float]]]:
-    """The run's logged curves, each a list of [step, value]."""
-    rows = read_metrics(metrics_csvs)
+def curves(rows: list[dict[str, str]]) -> dict[str, list[list[float]]]:
+    """The curves in the rows a run logged (`read_metrics`), each a list of [step, value]."""
     return {
         name: [[int(row["step"]), float(row[column])] for row in rows if row.get(column)]
         for name, column in CURVES.items()
@@ -202,7 +201,7 @@ def main() -> None:
 
     version = last.get("hf_transformer_version", "an unknown version")
     throughput = last.get("callbacks", {}).get("TranslationThroughput", {})
-    metrics = sorted(run.glob("logs/version_*/metrics.csv"), key=lambda path: int(path.parent.name[8:]))
+    metrics = read_metrics(sorted(run.glob("logs/version_*/metrics.csv"), key=lambda path: int(path.parent.name[8:])))
     entry = {
         "recipe": args.recipe or recipe(run, version),
         "seed": run_settings(run).get("seed_everything"),

@@ -107,13 +107,13 @@ def test_learning_curve_of_a_resumed_run_joins_its_logs(tmp_path, monkeypatch):
 
 def test_the_pace_of_a_run_is_the_median_of_its_throughput_lines(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    from quality import median_rate
+    from quality import median_rate, read_metrics
 
     header = "epoch,step,train/loss,throughput/target_tokens_per_sec\n"
     first, second = tmp_path / "version_0.csv", tmp_path / "version_1.csv"
     first.write_text(header + "0,10,4.0,100.0\n0,20,3.0,3000.0\n")  # paused during step 20, then died
     second.write_text(header + "0,20,2.9,110.0\n0,30,2.8,120.0\n")  # resumed from step 10: step 20 again
-    assert median_rate([first, second]) == 110.0
+    assert median_rate(read_metrics([first, second])) == 110.0
     assert median_rate([]) is None
 
 
