@@ -32,7 +32,8 @@ def _x(ratio: float) -> str:
 
 
 def recipes() -> dict[str, list[dict]]:
-    """The Multi30k runs that `benchmarks/quality.py` scored, by recipe (its seeds together), in the order scored."""
+    """The Multi30k runs that `benchmarks/quality.py` scored, by recipe (its seeds together), in the order each
+    recipe was first scored."""
     grouped: dict[str, list[dict]] = {}
     for run in result("multi30k")["runs"]:
         grouped.setdefault(run["recipe"], []).append(run)
