@@ -221,7 +221,7 @@ def data_scale() -> str:
     rows = []
     for entry in result("data_scale")["sizes"]:
         first, phases = entry["first_run"], entry["first_run"]["phases_s"]
-        ddp, tokenization = entry.get("ddp_2_processes"), entry["tokenization"]
+        ddp, tokenization = entry.get("ddp_2_processes"), entry.get("tokenization")
         rows.append(
             [
                 f"{entry['pairs']:,}",
@@ -229,14 +229,16 @@ def data_scale() -> str:
                 f"{entry['second_run']['to_first_batch_s']:,.1f}",
                 f"{first['peak_anonymous_memory_mib']:,.0f} / {first['peak_memory_mib']:,.0f}",
                 f"{entry['second_run']['peak_anonymous_memory_mib']:,.0f}",
-                f"{tokenization['ours_pairs_per_s']:,.0f} ({_x(tokenization['ratio_to_encode_batch'])})",
+                f"{entry['pairs'] / phases['tokenize']:,.0f}",
+                _x(tokenization["ratio_to_encode_batch"]) if tokenization else "not run",
                 f"{entry['cache_mib']:,.0f}",
                 " / ".join(f"{rank['peak_memory_mib']:,.0f}" for rank in ddp["ranks"]) if ddp else "not run",
             ]
         )
     header = ["pairs", "read, s", "tokenizer, s", "tokenize, s", "plan, s", "first batch, s", "second run, s"]
     header += ["first run: peak anonymous / resident MiB", "second run: peak anonymous MiB"]
-    header += ["pairs/s (x encode_batch)", "cache MiB", "DDP: peak resident MiB per rank"]
+    header += ["first run: pairs/s tokenized", "tokenization / encode_batch (median)", "cache MiB"]
+    header += ["DDP: peak resident MiB per rank"]
     return markdown(header, rows)
 
 

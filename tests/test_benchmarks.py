@@ -202,10 +202,12 @@ def test_data_scale_benchmark_runs_on_a_small_corpus(tmp_path):
     again on what the first left there, and keeps the first run it measured."""
     out, work = tmp_path / "data_scale.json", tmp_path / "work"
     common = ["--sizes", "3000", "--work", str(work), "--out", str(out), "--stream-batches", "3"]
-    run(str(BENCHMARKS / "data_scale.py"), *common, "--reference-pairs", "1000")
+    run(str(BENCHMARKS / "data_scale.py"), *common, "--tokenization-pairs", "1000", "--tokenization-rounds", "2")
     (entry,) = json.loads(out.read_text())["sizes"]
     assert entry["first_run"]["batches"] > 0 and entry["second_run"]["batches"] == entry["first_run"]["batches"]
-    assert entry["tokenization"]["encode_batch"]["pairs"] == 1000 and entry["cache_mib"] > 0
+    tokenization = entry["tokenization"]
+    assert tokenization["pairs"] == 1000 and len(tokenization["encode_batch_pairs_per_s"]) == 2
+    assert tokenization["ratio_to_encode_batch"] > 0 and entry["cache_mib"] > 0
     assert entry["streaming"]["first_run"]["batches_per_s"] > 0
     assert set(entry["first_run"]["phases_s"]) == {"import", "read", "tokenizer", "tokenize", "plan", "first_batch"}
     first = entry["first_run"]
@@ -213,5 +215,5 @@ def test_data_scale_benchmark_runs_on_a_small_corpus(tmp_path):
     (again,) = json.loads(out.read_text())["sizes"]
     assert again["first_run"] == first and again["second_run"]["batches"] == first["batches"]
     assert again["streaming"]["second_run"]["to_first_batch_s"] > 0
-    assert set(again["commits"]) == {"prepare", "rerun", "streaming"}
+    assert set(again["commits"]) == {"prepare", "tokenization", "rerun", "streaming"}
     assert (tmp_path / "data_scale.png").exists()
