@@ -200,16 +200,17 @@ def stream(folder: str, work: str, batches: int) -> dict:
 
 def tokenization(folder: str, work: str, pairs: int, rounds: int) -> dict:
     """The data module's tokenization of the first `pairs` training pairs (`datasets.map` into a new cache file, as a
-    first run does) against the `tokenizers` library's own `encode_batch` on the same sentences (batches of 1,000
-    pairs, one call a side), with the tokenizer the run trained: the limit of any pipeline built on it. The two
-    alternate for `rounds` rounds, so that both see the machine as it is at the time; the ratio is the median of the
-    rounds' ratios."""
+    first run does) against the `tokenizers` library's own `encode_batch` on the same sentences in the same batches
+    (the pipeline's, one call a side), with the tokenizer the run trained: the limit of any pipeline built on it. The
+    two alternate for `rounds` rounds, so that both see the machine as it is at the time; the ratio is the median of
+    the rounds' ratios."""
     import statistics
 
     import datasets
     from tokenizers import Tokenizer
 
     from lightning_modules import TranslationDataModule
+    from lightning_modules.data.sources import ROWS_PER_CACHE_BATCH
 
     datasets.disable_caching()  # every round maps anew, into a temporary cache file
     datasets.disable_progress_bars()
@@ -224,9 +225,9 @@ def tokenization(folder: str, work: str, pairs: int, rounds: int) -> dict:
         data._tokenize(sample, keep_text=False)
         ours.append(pairs / (time.perf_counter() - started))
         started = time.perf_counter()
-        for start in range(0, pairs, 1000):
+        for start in range(0, pairs, ROWS_PER_CACHE_BATCH):
             for side in sides:
-                tokenizer.encode_batch(side[start : start + 1000])
+                tokenizer.encode_batch(side[start : start + ROWS_PER_CACHE_BATCH])
         reference.append(pairs / (time.perf_counter() - started))
     return {
         "pairs": pairs,
