@@ -9,8 +9,9 @@ around 25 tokens, a vocabulary that grows with the corpus), then measures, each 
 - first run: reading the corpus, training the tokenizer (on `data.bpe_sample_size` pairs), tokenizing every split
   (`prepare_data`), building the epoch's batch plan, the first batch; peak memory, resident (with the pages of the
   memory-mapped data read) and anonymous (what the run holds itself); the size of the cache;
-- tokenization: the data module's pairs/s next to the `tokenizers` library's own `encode_batch` on the same
-  sentences (the first `--tokenization-pairs`), the two in alternating rounds, the ratio their median;
+- tokenization: the data module's pairs/s next to the `tokenizers` library's own `encode_batch` (and
+  `encode_batch_fast`, which the data module calls) on the same sentences (the first `--tokenization-pairs`), in
+  alternating rounds, each ratio their median;
 - second run of the same data (the tokenizer and the tokenized splits cached): the time to the first batch;
 - with `--ddp`, `hf-transformer fit` on two CPU processes for one step: each rank's time to its first step and peak
   memory;
@@ -37,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
 
@@ -201,9 +203,10 @@ def stream(folder: str, work: str, batches: int) -> dict:
 def tokenization(folder: str, work: str, pairs: int, rounds: int) -> dict:
     """The data module's tokenization of the first `pairs` training pairs (`datasets.map` into a new cache file, as a
     first run does) against the `tokenizers` library's own `encode_batch` on the same sentences in the same batches
-    (the pipeline's, one call a side), with the tokenizer the run trained: the limit of any pipeline built on it. The
-    two alternate for `rounds` rounds, so that both see the machine as it is at the time; the ratio is the median of
-    the rounds' ratios."""
+    (the pipeline's, one call a side), with the tokenizer the run trained: the limit of any pipeline built on it; and
+    against `encode_batch_fast`, which the pipeline calls (no character offsets), the limit of this one. The three
+    alternate for `rounds` rounds, so that each sees the machine as it is at the time; each ratio is the median of the
+    rounds' ratios."""
     import statistics
 
     import datasets
@@ -219,22 +222,28 @@ def tokenization(folder: str, work: str, pairs: int, rounds: int) -> dict:
     sample = data.raw_pairs("train").select(range(pairs))
     tokenizer = Tokenizer.from_file(str(Path(work) / "tokenizer" / "tokenizer.json"))
     sides = [sample["source_text"], sample["target_text"]]
-    ours, reference = [], []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        data._tokenize(sample, keep_text=False)
-        ours.append(pairs / (time.perf_counter() - started))
-        started = time.perf_counter()
+
+    def library(encode: Callable[[list[str]], list]) -> None:
         for start in range(0, pairs, ROWS_PER_CACHE_BATCH):
             for side in sides:
-                tokenizer.encode_batch(side[start : start + ROWS_PER_CACHE_BATCH])
-        reference.append(pairs / (time.perf_counter() - started))
-    return {
-        "pairs": pairs,
-        "ours_pairs_per_s": ours,
-        "encode_batch_pairs_per_s": reference,
-        "ratio_to_encode_batch": statistics.median(a / b for a, b in zip(ours, reference, strict=True)),
+                encode(side[start : start + ROWS_PER_CACHE_BATCH])
+
+    measured = {
+        "ours": lambda: data._tokenize(sample, keep_text=False),
+        "encode_batch": lambda: library(tokenizer.encode_batch),
+        "encode_batch_fast": lambda: library(tokenizer.encode_batch_fast),
     }
+    rates: dict[str, list[float]] = {name: [] for name in measured}
+    for _ in range(rounds):
+        for name, timed in measured.items():
+            started = time.perf_counter()
+            timed()
+            rates[name].append(pairs / (time.perf_counter() - started))
+    result = {"pairs": pairs} | {f"{name}_pairs_per_s": rate for name, rate in rates.items()}
+    for reference in ("encode_batch", "encode_batch_fast"):
+        ratios = [ours / other for ours, other in zip(rates["ours"], rates[reference], strict=True)]
+        result[f"ratio_to_{reference}"] = statistics.median(ratios)
+    return result
 
 
 def in_fresh_process(function: str, *args: str | int) -> dict:

@@ -230,14 +230,16 @@ def data_scale() -> str:
                 f"{first['peak_anonymous_memory_mib']:,.0f} / {first['peak_memory_mib']:,.0f}",
                 f"{entry['second_run']['peak_anonymous_memory_mib']:,.0f}",
                 f"{entry['pairs'] / phases['tokenize']:,.0f}",
-                _x(tokenization["ratio_to_encode_batch"]) if tokenization else "not run",
+                " / ".join(_x(tokenization[f"ratio_to_{name}"]) for name in ("encode_batch", "encode_batch_fast"))
+                if tokenization
+                else "not run",
                 f"{entry['cache_mib']:,.0f}",
                 " / ".join(f"{rank['peak_memory_mib']:,.0f}" for rank in ddp["ranks"]) if ddp else "not run",
             ]
         )
     header = ["pairs", "read, s", "tokenizer, s", "tokenize, s", "plan, s", "first batch, s", "second run, s"]
     header += ["first run: peak anonymous / resident MiB", "second run: peak anonymous MiB"]
-    header += ["first run: pairs/s tokenized", "tokenization / encode_batch (median)", "cache MiB"]
+    header += ["first run: pairs/s tokenized", "tokenization: x encode_batch / x encode_batch_fast", "cache MiB"]
     header += ["DDP: peak resident MiB per rank"]
     return markdown(header, rows)
 

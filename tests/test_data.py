@@ -211,6 +211,15 @@ def test_bpe_training_is_deterministic():
     assert TranslationDataModule(**SMALL).tokenizer.get_vocab() == TranslationDataModule(**SMALL).tokenizer.get_vocab()
 
 
+def test_prepared_ids_are_the_shared_tokenizers_ids(synthetic):
+    """The ids a run trains and evaluates on are the ones the tokenizer it saves with the model gives for the text
+    (the data module encodes without character offsets, the tokenizer with them)."""
+    dataset, _, _ = synthetic._prepare("validation")
+    rows = dataset[:50]
+    assert rows["input_ids"] == synthetic.tokenizer(rows["source_text"])["input_ids"]
+    assert rows["labels"] == synthetic.tokenizer(rows["target_text"])["input_ids"]
+
+
 def test_tokenization_cache_follows_the_tokenizer(tmp_path):
     for split in ("train", "validation", "test"):
         write_jsonl(tmp_path / f"{split}.jsonl", [{"en": s, "de": t} for s, t in PAIRS * 20])

@@ -1,5 +1,6 @@
 """`TranslationDataModule`: parallel text from any source -> tokenized, filtered, token-budget batches."""
 
+import functools
 import signal
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from .synthetic import SOURCE_LANG, TARGET_LANG, synthetic_splits
 from .tokenization import (
     backend_tokenizer,
     check_trained_on,
+    encode_ids,
     has_saved_tokenizer,
     load_tokenizer,
     save_tokenizer,
@@ -430,7 +432,7 @@ class TranslationDataModule(pl.LightningDataModule):
         encoder = backend_tokenizer(self.tokenizer.backend_tokenizer.to_str())
         stream = TokenBudgetStream(
             self._train_stream(),
-            lambda texts: [encoding.ids for encoding in encoder.encode_batch(texts)],
+            functools.partial(encode_ids, encoder),
             hp.max_tokens,
             hp.max_source_positions,
             hp.max_target_positions,
@@ -496,8 +498,7 @@ def _encode_pairs(batch: dict[str, list[str]], tokenizer: str, unknown_id: int |
     """Ids (with the tokenizer's special tokens), lengths and unknown-token counts of a batch of pairs; `tokenizer` is
     the tokenizer's JSON text."""
     encoder = backend_tokenizer(tokenizer)
-    source = [encoding.ids for encoding in encoder.encode_batch(batch["source_text"])]
-    target = [encoding.ids for encoding in encoder.encode_batch(batch["target_text"])]
+    source, target = encode_ids(encoder, batch["source_text"]), encode_ids(encoder, batch["target_text"])
     return {
         "input_ids": source,
         "labels": target,

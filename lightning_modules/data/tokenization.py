@@ -139,6 +139,12 @@ def has_saved_tokenizer(directory: str | Path | None) -> bool:
     return directory is not None and (Path(directory) / "tokenizer.json").is_file()
 
 
+def encode_ids(encoder: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """The token ids of each text, with the tokenizer's special tokens. `encode_batch_fast` leaves out the character
+    offsets, which training does not use and `encode_batch` spends time on (`benchmarks/data_scale.py`)."""
+    return [encoding.ids for encoding in encoder.encode_batch_fast(texts)]
+
+
 @functools.lru_cache(maxsize=4)
 def backend_tokenizer(state: str) -> Tokenizer:
     """The tokenizers `Tokenizer` of a JSON text (`to_str()`), built once per process and text: the data module hands
