@@ -321,8 +321,8 @@ def folder_size_mib(folder: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[200_000, 1_000_000, 4_500_000, 20_000_000])
-    parser.add_argument("--tokenization-pairs", type=int, default=200_000, help="pairs tokenized by both sides")
-    parser.add_argument("--tokenization-rounds", type=int, default=5, help="alternating rounds of the two sides")
+    parser.add_argument("--tokenization-pairs", type=int, default=200_000, help="pairs tokenized by each side")
+    parser.add_argument("--tokenization-rounds", type=int, default=5, help="rounds of turns of each side")
     parser.add_argument("--ddp", action="store_true", help="also time hf-transformer fit on two CPU processes")
     parser.add_argument("--work", default=None, help="where the corpora and caches go (default: a temporary folder)")
     parser.add_argument("--out", default=str(RESULTS / "data_scale.json"))
