@@ -210,7 +210,6 @@ def tokenization(folder: str, work: str, pairs: int, rounds: int) -> dict:
     import statistics
 
     import datasets
-    from tokenizers import Tokenizer
 
     from lightning_modules import TranslationDataModule
     from lightning_modules.data.sources import ROWS_PER_CACHE_BATCH
@@ -220,7 +219,7 @@ def tokenization(folder: str, work: str, pairs: int, rounds: int) -> dict:
     args = dict(dataset=folder, source_lang="en", target_lang="de", validation_split="val", test_split="test")
     data = TranslationDataModule(**args, tokenizer_dir=str(Path(work) / "tokenizer"), bpe_vocab_size=32000)
     sample = data.raw_pairs("train").select(range(pairs))
-    tokenizer = Tokenizer.from_file(str(Path(work) / "tokenizer" / "tokenizer.json"))
+    tokenizer = data.tokenizer.backend_tokenizer
     sides = [sample["source_text"], sample["target_text"]]
 
     def library(encode: Callable[[list[str]], list]) -> None:
@@ -322,7 +321,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[200_000, 1_000_000, 4_500_000, 20_000_000])
     parser.add_argument("--tokenization-pairs", type=int, default=200_000, help="pairs tokenized by each side")
-    parser.add_argument("--tokenization-rounds", type=int, default=5, help="rounds of turns of each side")
+    parser.add_argument("--tokenization-rounds", type=int, default=5, help="rounds, each side timed once a round")
     parser.add_argument("--ddp", action="store_true", help="also time hf-transformer fit on two CPU processes")
     parser.add_argument("--work", default=None, help="where the corpora and caches go (default: a temporary folder)")
     parser.add_argument("--out", default=str(RESULTS / "data_scale.json"))
@@ -357,7 +356,7 @@ def main() -> None:
                 entry |= {"corpus_mib": folder_size_mib(corpus), "write_s": time.perf_counter() - started}
             os.environ["HF_DATASETS_CACHE"] = str(work / "datasets_cache")
             if "prepare" in args.measure:
-                entry |= measure_prepared(corpus, work, size, args)
+                entry |= measure_prepared(corpus, work, args)
             if "tokenization" in args.measure:
                 pairs = min(size, args.tokenization_pairs)
                 entry["tokenization"] = in_fresh_process(
@@ -385,7 +384,7 @@ def main() -> None:
     print(f"Written to {out}")
 
 
-def measure_prepared(corpus: Path, work: Path, size: int, args: argparse.Namespace) -> dict:
+def measure_prepared(corpus: Path, work: Path, args: argparse.Namespace) -> dict:
     """The prepared path's measurements of one corpus: first and second run, and (with `--ddp`) two DDP processes."""
     for cached in (work / "datasets_cache", work / "tokenizer"):  # a first run starts from nothing
         shutil.rmtree(cached, ignore_errors=True)
