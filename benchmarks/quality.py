@@ -26,6 +26,7 @@ import torch
 import yaml
 from machine import device_name
 from multi30k import read_split, test_splits
+from report import headline_recipe
 
 from hf_transformer import translate
 from hf_transformer.scoring import SACREBLEU, SACREBLEU_LOWERCASED, format_scores, translation_scores
@@ -98,15 +99,21 @@ def run_settings(run: Path) -> dict:
     return yaml.safe_load(configs[0].read_text()) if configs else {}
 
 
+# Dropouts that a recipe names only where it sets them: the paper's model has neither.
+SUBLAYER_DROPOUTS = ("attention_dropout", "activation_dropout")
+
+
 def recipe(run: Path, version: str) -> str:
     """The settings of the run that tell recipes apart (the seed aside: a recipe's seeds are averaged), and the
     version that trained it."""
     settings = run_settings(run)
     model, trainer, data = (settings.get(key) or {} for key in ("model", "trainer", "data"))
     config = model.get("config") or {}
+    sublayers = [f"{name.replace('_', ' ')} {config[name]}" for name in SUBLAYER_DROPOUTS if config.get(name)]
+    dropouts = ", ".join([f"dropout {config.get('dropout')}", *sublayers])
     return (
-        f"hf-transformer {version}: dropout {config.get('dropout')}, warm-up {model.get('warmup_steps')}, peak lr "
-        f"{model.get('peak_lr')}, {data.get('max_tokens')}-token batches, max_steps {trainer.get('max_steps')}, "
+        f"hf-transformer {version}: {dropouts}, warm-up {model.get('warmup_steps')}, peak lr {model.get('peak_lr')}, "
+        f"{data.get('max_tokens')}-token batches, max_steps {trainer.get('max_steps')}, "
         f"{trainer.get('precision')} with {config.get('attn_implementation') or 'sdpa'} attention"
     )
 
@@ -235,9 +242,8 @@ def main() -> None:
     runs = add_run(json.loads(out.read_text())["runs"] if out.exists() else [], entry)
     out.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
     print(f"Written to {out} ({len(runs)} runs)")
-    seeds = [
-        run for run in runs if run["recipe"] == entry["recipe"] and run.get("learning_curve", {}).get("train_loss")
-    ]
+    plotted = headline_recipe(runs)
+    seeds = [run for run in runs if run["recipe"] == plotted and run.get("learning_curve", {}).get("train_loss")]
     if seeds:
         plot = out.with_name(out.stem + "_learning_curve.png")
         learning_curve(seeds, plot)

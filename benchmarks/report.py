@@ -9,6 +9,7 @@ test checks that README.md holds `table("headline")` as generated.
 
 import argparse
 import json
+from collections import Counter
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -38,6 +39,14 @@ def recipes() -> dict[str, list[dict]]:
     for run in result("multi30k")["runs"]:
         grouped.setdefault(run["recipe"], []).append(run)
     return grouped
+
+
+def headline_recipe(runs: list[dict]) -> str:
+    """The recipe of `runs` (scored entries) scored on the most seeds, of those the one scored last: README's headline
+    and the learning-curve plot, which one seed of a setting tried beside it does not displace."""
+    seeds = Counter(run["recipe"] for run in runs)
+    scored_last = {run["recipe"]: index for index, run in enumerate(runs)}
+    return max(seeds, key=lambda recipe: (seeds[recipe], scored_last[recipe]))
 
 
 def _mean(values: list[float]) -> float:
@@ -270,7 +279,7 @@ def data_scale_streaming() -> str:
 
 def headline() -> str:
     """README's one table: quality and speed, each row with the command that reproduces it."""
-    recipe = result("multi30k")["runs"][-1]["recipe"]  # the recipe scored last
+    recipe = headline_recipe(result("multi30k")["runs"])
     runs = recipes()[recipe]
     tests = [run["average"]["test_2016_flickr"]["scores"] for run in runs]
     sacrebleu = _mean([test["sacreBLEU"] for test in tests])

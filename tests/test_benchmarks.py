@@ -126,6 +126,31 @@ def test_a_seed_scored_again_replaces_its_entry_and_others_are_kept(monkeypatch)
     assert [(run["recipe"], run["seed"], run["bleu"]) for run in runs] == [("a", 1, 2), ("b", 0, 3), ("a", 0, 4)]
 
 
+def test_the_headline_is_the_recipe_of_most_seeds_not_a_setting_tried_last(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from report import headline_recipe
+
+    recipe = [{"recipe": "recipe", "seed": seed} for seed in range(3)]
+    assert headline_recipe([*recipe, {"recipe": "a setting tried", "seed": 0}]) == "recipe"
+    assert headline_recipe([{"recipe": "earlier", "seed": 0}, {"recipe": "later", "seed": 0}]) == "later"
+
+
+def test_a_recipe_names_the_sublayer_dropouts_it_sets(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from quality import recipe
+
+    def named(config: dict) -> str:
+        logs = tmp_path / "logs" / "version_0"
+        logs.mkdir(parents=True, exist_ok=True)
+        settings = {"model": {"config": config, "warmup_steps": 2000}, "trainer": {"max_steps": 8000}}
+        (logs / "config.yaml").write_text(json.dumps(settings))  # JSON is YAML
+        return recipe(tmp_path, "1.0")
+
+    assert "attention dropout" not in named({"dropout": 0.3, "attention_dropout": 0.0})
+    tried = named({"dropout": 0.3, "attention_dropout": 0.1, "activation_dropout": 0.1})
+    assert "dropout 0.3, attention dropout 0.1, activation dropout 0.1, warm-up 2000" in tried
+
+
 def test_padding_benchmark_runs(tmp_path):
     multi30k_dir()
     out = tmp_path / "padding.json"
