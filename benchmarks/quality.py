@@ -16,6 +16,7 @@ plot. The JSON in benchmarks/results/ holds every scored run, one entry per reci
 
 import argparse
 import csv
+import dataclasses
 import itertools
 import json
 import statistics
@@ -28,7 +29,7 @@ from machine import device_name
 from multi30k import read_split, test_splits
 from report import headline_recipe
 
-from hf_transformer import translate
+from hf_transformer import TransformerConfig, translate
 from hf_transformer.scoring import SACREBLEU, SACREBLEU_LOWERCASED, format_scores, translation_scores
 from lightning_modules.checkpoint import (
     average_checkpoints,
@@ -37,6 +38,7 @@ from lightning_modules.checkpoint import (
     model_from_checkpoint,
     tokenizer_from_checkpoint,
 )
+from lightning_modules.module import model_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RATE = "throughput/target_tokens_per_sec"
@@ -99,8 +101,20 @@ def run_settings(run: Path) -> dict:
     return yaml.safe_load(configs[0].read_text()) if configs else {}
 
 
-# Dropouts that a recipe names only where it sets them: the paper's model has neither.
-SUBLAYER_DROPOUTS = ("attention_dropout", "activation_dropout")
+RECIPE = Path(__file__).resolve().parents[1] / "configs" / "multi30k.yaml"
+
+
+def model_changes(model: dict) -> list[str]:
+    """The model's settings (`TransformerConfig` fields, preset and overrides resolved) in which a run differs from
+    configs/multi30k.yaml, but the dropout, which every recipe's name states: what a tried setting changed."""
+    shipped = yaml.safe_load(RECIPE.read_text())["model"]
+    ours = model_config(model.get("preset", "base"), model.get("config"), model.get("init_from"))
+    theirs = model_config(shipped["preset"], shipped["config"], None)
+    return [
+        f"{field.name.replace('_', ' ')} {getattr(ours, field.name)}"
+        for field in dataclasses.fields(TransformerConfig)
+        if field.name != "dropout" and getattr(ours, field.name) != getattr(theirs, field.name)
+    ]
 
 
 def recipe(run: Path, version: str) -> str:
@@ -109,8 +123,7 @@ def recipe(run: Path, version: str) -> str:
     settings = run_settings(run)
     model, trainer, data = (settings.get(key) or {} for key in ("model", "trainer", "data"))
     config = model.get("config") or {}
-    sublayers = [f"{name.replace('_', ' ')} {config[name]}" for name in SUBLAYER_DROPOUTS if config.get(name)]
-    dropouts = ", ".join([f"dropout {config.get('dropout')}", *sublayers])
+    dropouts = ", ".join([f"dropout {config.get('dropout')}", *model_changes(model)])
     return (
         f"hf-transformer {version}: {dropouts}, warm-up {model.get('warmup_steps')}, peak lr {model.get('peak_lr')}, "
         f"{data.get('max_tokens')}-token batches, max_steps {trainer.get('max_steps')}, "

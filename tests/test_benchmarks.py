@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import DEMO, multi30k_dir
 
 from lightning_modules.cli import main
@@ -135,14 +136,17 @@ def test_the_headline_is_the_recipe_of_most_seeds_not_a_setting_tried_last(monke
     assert headline_recipe([{"recipe": "earlier", "seed": 0}, {"recipe": "later", "seed": 0}]) == "later"
 
 
-def test_a_recipe_names_the_sublayer_dropouts_it_sets(tmp_path, monkeypatch):
+def test_a_recipe_names_the_model_settings_it_changes(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    from quality import recipe
+    from quality import RECIPE, recipe
 
-    def named(config: dict) -> str:
+    shipped = yaml.safe_load(RECIPE.read_text())["model"]
+
+    def named(changes: dict) -> str:
         logs = tmp_path / "logs" / "version_0"
         logs.mkdir(parents=True, exist_ok=True)
-        settings = {"model": {"config": config, "warmup_steps": 2000}, "trainer": {"max_steps": 8000}}
+        model = {**shipped, "config": {**shipped["config"], **changes}, "warmup_steps": 2000}
+        settings = {"model": model, "trainer": {"max_steps": 8000}}
         (logs / "config.yaml").write_text(json.dumps(settings))  # JSON is YAML
         return recipe(tmp_path, "1.0")
 
