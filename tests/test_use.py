@@ -176,13 +176,17 @@ def checkpoint(tiny_tokenizer, tmp_path) -> Path:
     keep its outputs, which run to the length limit, short."""
     model = tiny_model(tiny_tokenizer, max_position_embeddings=24)
     model.generation_config.update(num_beams=3, length_penalty=0.6)
-    path = tmp_path / "model.ckpt"
+    return write_checkpoint(model, tiny_tokenizer, tmp_path / "model.ckpt")
+
+
+def write_checkpoint(model: TransformerForConditionalGeneration, tokenizer, path: Path) -> Path:
+    """`model` and `tokenizer` at `path` as training writes a checkpoint (weights, config, tokenizer)."""
     torch.save(
         {
             "state_dict": {f"model.{name}": tensor for name, tensor in model.state_dict().items()},
             "hf_config": model.config.to_dict(),
             "generation_config": model.generation_config.to_dict(),
-            "tokenizer": tokenizer_state(tiny_tokenizer),
+            "tokenizer": tokenizer_state(tokenizer),
             "global_step": 1,
         },
         path,
@@ -473,6 +477,16 @@ def test_attention_command_draws_a_png_and_prints_the_alignment(checkpoint, tmp_
             main(["attention", str(checkpoint), "a dog", "-o", output])
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
+
+
+def test_attention_command_draws_any_encoder_layer_of_a_deeper_encoder(tiny_tokenizer, tmp_path, capsys):
+    """--layer counts the layers of --kind; the printed alignment stays the last decoder layer's (fairseq's)."""
+    pytest.importorskip("matplotlib", reason="plotting needs matplotlib: pip install 'hf-transformer[plot]'")
+    model = tiny_model(tiny_tokenizer, encoder_layers=3, decoder_layers=1, max_position_embeddings=24)
+    checkpoint = write_checkpoint(model, tiny_tokenizer, tmp_path / "deep_encoder.ckpt")
+    image = tmp_path / "encoder.png"
+    main(["attention", str(checkpoint), "a dog runs", "--kind", "encoder", "--layer", "2", "-o", str(image)])
+    assert "alignment:" in capsys.readouterr().out and image.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_help_lists_the_commands_of_a_trained_model(capsys):

@@ -35,7 +35,8 @@ def main(argv: list[str]) -> None:
     except OSError as err:
         raise UserError(f"-o {output}: cannot write there ({err.strerror}). Give a path you can write to") from err
     print(f"translation: {maps.translation}")
-    print(f"alignment:   {format_alignment(alignment(maps, args.layer))}")
+    # The alignment is the encoder-decoder attention's: of the drawn layer, or the last (fairseq's) for the others.
+    print(f"alignment:   {format_alignment(alignment(maps, args.layer if args.kind == 'cross' else -1))}")
     print(f"Wrote {output}")
 
 
