@@ -222,6 +222,9 @@ class TranslationModule(pl.LightningModule):
         # all its translations, by `hf_transformer.scoring` (`on_test_epoch_end`).
         self.val_bleu = SacreBLEUScore(tokenize="13a")
         self.val_chrf = CHRFScore(n_word_order=0)
+        # The divisor of the optimizer step's summed losses, and this rank's target tokens in the step so far.
+        self._step_divisor: torch.Tensor | None = None
+        self._step_tokens: torch.Tensor | None = None
         self._samples: list[list[str]] = []
         self.val_samples: list[list[str]] = []  # [source, reference, hypothesis] rows of the last validation
         self._translations: list[tuple[int, str, str]] = []  # (line of the test split, hypothesis, reference)
@@ -244,18 +247,48 @@ class TranslationModule(pl.LightningModule):
         method = type(self).training_loss.__get__(self)
         self.training_loss = torch.compile(method, dynamic=True, backend=backend)
 
-    def training_loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        """The model's loss on `batch`: label-smoothed cross-entropy per target token (`config.label_smoothing`)."""
-        return self.model(**{name: batch[name] for name in ("input_ids", "attention_mask", "labels")}).loss
+    def training_loss(self, batch: dict[str, Any], num_items_in_batch: torch.Tensor | None = None) -> torch.Tensor:
+        """The model's loss on `batch`: label-smoothed cross-entropy (`config.label_smoothing`) summed over the target
+        tokens and divided by `num_items_in_batch`, by default the batch's own target tokens."""
+        inputs = {name: batch[name] for name in ("input_ids", "attention_mask", "labels")}
+        return self.model(**inputs, num_items_in_batch=num_items_in_batch).loss
+
+    def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
+        """Count the step's target tokens. Every token of an optimizer step weighs the same, as in the paper's
+        per-token loss, however the token-budget batches of the ranks and accumulated micro-batches differ: the step's
+        first micro-batch fixes one divisor for every rank (its target tokens over all ranks, per rank), so that DDP's
+        mean of the ranks' gradients is the gradient of the tokens' sum over that count; `on_before_optimizer_step`
+        corrects it to the count of the whole step where micro-batches were accumulated."""
+        tokens = (batch["labels"] != IGNORE_INDEX).sum()
+        if self._step_divisor is None:
+            everywhere = self.trainer.strategy.reduce(tokens.clone(), reduce_op="sum")  # reduces in place
+            self._step_divisor, self._step_tokens = everywhere / self.trainer.world_size, tokens
+        else:
+            self._step_tokens = self._step_tokens + tokens
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         # The data module's collate checked the ids on the CPU; checked again here, they would make the step wait
         # for the device (outside `training_loss`, which may be compiled).
+        tokens = (batch["labels"] != IGNORE_INDEX).sum()
+        divisor = tokens if self._step_divisor is None else self._step_divisor  # None: called outside a fit
         with token_ids_checked_by_caller():
-            loss = self.training_loss(batch)
-        self.non_finite_losses += ~torch.isfinite(loss.detach())
-        self.log("train/loss", loss, prog_bar=True)
+            loss = self.training_loss(batch, divisor)
+        per_token = loss.detach() * divisor / tokens
+        self.non_finite_losses += ~torch.isfinite(per_token)
+        self.log("train/loss", per_token, prog_bar=True)
         return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Rescale accumulated gradients from the first micro-batch's token count to the whole step's (Lightning has
+        divided each micro-batch's loss by `accumulate_grad_batches`); runs before gradient clipping."""
+        accumulated = self.trainer.accumulate_grad_batches
+        if accumulated > 1:
+            step_tokens = self.trainer.strategy.reduce(self._step_tokens.clone(), reduce_op="sum")
+            scale = self._step_divisor * self.trainer.world_size * accumulated / step_tokens
+            for parameter in self.parameters():
+                if parameter.grad is not None:
+                    parameter.grad.mul_(scale)
+        self._step_divisor = None
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if (batch_idx + 1) % NON_FINITE_CHECK_INTERVAL == 0:

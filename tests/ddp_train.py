@@ -1,10 +1,11 @@
-"""Train a tiny `TranslationModule` for a few steps on fixed batches, each rank on its share of every batch, and save
-the weights. `tests/test_distributed.py` runs it as one process, as two DDP processes (`--devices 2`) and as two
-single-process "nodes" started by `torchrun`, and compares the weights; on GPUs also with the strategy of
-configs/trainer/fsdp.yaml (`--strategy fsdp`), which Lightning runs on GPUs only.
+"""Train a tiny `TranslationModule` for a few steps on fixed batches, each rank on its share of every batch (in
+`--accumulate` micro-batches), and save the weights. `tests/test_distributed.py` runs it as one process, as two DDP
+processes (`--devices 2`), as two single-process "nodes" started by `torchrun` and as one process accumulating
+micro-batches, and compares the weights; on GPUs also with the strategy of configs/trainer/fsdp.yaml (`--strategy
+fsdp`), which Lightning runs on GPUs only.
 
-    python tests/ddp_train.py OUT.pt [--devices N] [--num-nodes N] [--accelerator cpu|gpu] [--strategy ddp|fsdp]
-        [--gradient-clip-val V]
+    python tests/ddp_train.py OUT.pt [--devices N] [--num-nodes N] [--accumulate N] [--accelerator cpu|gpu]
+        [--strategy ddp|fsdp] [--gradient-clip-val V]
 
 A script rather than a test: `strategy="ddp"` starts the other ranks by re-running `sys.argv`, which inside pytest
 would re-run the whole test session.
@@ -25,7 +26,7 @@ from lightning_modules.module import TranslationModule
 
 SEED = 0
 STEPS = 4
-ROWS_PER_BATCH = 8  # divisible by every world size the tests use
+ROWS_PER_BATCH = 8  # divisible by every world size times micro-batches the tests use
 VOCAB_SIZE = 32
 PAD, BOS, EOS = 0, 1, 2
 MAX_SOURCE_LENGTH = 9
@@ -48,9 +49,9 @@ def ddp_module() -> TranslationModule:
 
 
 def global_batches(count: int = STEPS, rows: int = ROWS_PER_BATCH, seed: int = SEED) -> list[dict[str, torch.Tensor]]:
-    """Fixed random batches. Sources have different lengths (padding is masked), but every target has exactly
-    TARGET_LENGTH tokens: the loss is a per-token mean, so only then is the mean of the per-rank losses (what DDP's
-    gradient averaging optimises) the mean over the whole batch."""
+    """Fixed random batches. Sources and targets have different lengths (padding is masked, and ignored in the loss),
+    so the shares of a batch hold different numbers of target tokens: the step's loss is per token of the whole step
+    only if each share weighs by its tokens."""
     generator = torch.Generator().manual_seed(seed)
     batches = []
     for _ in range(count):
@@ -59,26 +60,30 @@ def global_batches(count: int = STEPS, rows: int = ROWS_PER_BATCH, seed: int = S
         attention_mask = (positions < lengths[:, None]).long()
         input_ids = torch.randint(EOS + 1, VOCAB_SIZE, (rows, MAX_SOURCE_LENGTH), generator=generator)
         input_ids = input_ids.masked_fill(attention_mask == 0, PAD)
+        target_lengths = torch.randint(2, TARGET_LENGTH + 1, (rows,), generator=generator)
         labels = torch.randint(EOS + 1, VOCAB_SIZE, (rows, TARGET_LENGTH), generator=generator)
-        labels[:, -1] = EOS
+        labels[torch.arange(rows), target_lengths - 1] = EOS
+        labels = labels.masked_fill(torch.arange(TARGET_LENGTH) >= target_lengths[:, None], -100)
         batches.append({"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels})
     return batches
 
 
 class RankShare(Dataset):
-    """Item i is this rank's contiguous share of global batch i (rows rank*n/world .. (rank+1)*n/world)."""
+    """Item i * micro_batches + m is micro-batch m of this rank's contiguous share of global batch i: the rows of
+    global batch i split into world_size * micro_batches equal parts, rank-major."""
 
-    def __init__(self, batches: list[dict[str, torch.Tensor]], rank: int, world_size: int):
-        self.batches, self.rank, self.world_size = batches, rank, world_size
+    def __init__(self, batches: list[dict[str, torch.Tensor]], rank: int, world_size: int, micro_batches: int):
+        self.batches, self.rank, self.world_size, self.micro_batches = batches, rank, world_size, micro_batches
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return len(self.batches) * self.micro_batches
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        batch = self.batches[index]
-        share = len(batch["labels"]) // self.world_size
-        rows = slice(self.rank * share, (self.rank + 1) * share)
-        return {name: tensor[rows] for name, tensor in batch.items()}
+        step, micro = divmod(index, self.micro_batches)
+        batch = self.batches[step]
+        part = len(batch["labels"]) // (self.world_size * self.micro_batches)
+        start = (self.rank * self.micro_batches + micro) * part
+        return {name: tensor[start : start + part] for name, tensor in batch.items()}
 
 
 class SharedBatches(pl.LightningDataModule):
@@ -86,13 +91,15 @@ class SharedBatches(pl.LightningDataModule):
     set up the processes, so the loader is built in `train_dataloader`."""
 
     def train_dataloader(self) -> DataLoader:
-        dataset = RankShare(global_batches(), self.trainer.global_rank, self.trainer.world_size)
+        trainer = self.trainer
+        dataset = RankShare(global_batches(), trainer.global_rank, trainer.world_size, trainer.accumulate_grad_batches)
         return DataLoader(dataset, batch_size=None, shuffle=False)  # items are already batches
 
 
 class RecordSources(pl.Callback):
     """Keeps the source rows every rank trained on, gathered from all ranks at the end of training as a tensor of
-    shape [world size, steps, rows per rank, source length]: the test checks the ranks got disjoint halves."""
+    shape [world size, micro-batches, rows per micro-batch, source length]: the test checks the ranks got disjoint
+    halves."""
 
     def __init__(self) -> None:
         self.rows: list[torch.Tensor] = []
@@ -125,6 +132,7 @@ def main() -> None:
     parser.add_argument("out", help="where rank 0 saves the initial and trained weights (torch.save)")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--num-nodes", type=int, default=1)
+    parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per step (accumulate_grad_batches)")
     parser.add_argument("--accelerator", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp", help="ddp: with more than one process")
     parser.add_argument("--gradient-clip-val", type=float, default=None, help="clip the gradients' norm to this")
@@ -144,6 +152,7 @@ def main() -> None:
         num_nodes=args.num_nodes,
         strategy=strategy,
         max_steps=STEPS,
+        accumulate_grad_batches=args.accumulate,
         gradient_clip_val=args.gradient_clip_val,
         use_distributed_sampler=False,  # the data module shards itself
         logger=False,

@@ -116,9 +116,11 @@ def assert_same_training(result: dict, reference: dict, world_size: int) -> None
     for name, weight in result["initial"].items():
         assert torch.equal(weight, reference["initial"][name]), f"{name} started from different weights"
     assert result["steps"] == reference["steps"] == STEPS
-    sources = result["sources"]  # [rank, step, row, position]
+    sources = result["sources"]  # [rank, micro-batch, row, position]
     assert sources.shape[0] == world_size
-    assert torch.equal(torch.cat(list(sources), dim=1), reference["sources"][0]), "ranks did not split the batches"
+    # A step's consecutive micro-batches of a rank are its share; the ranks' shares in order are the batch.
+    shares = sources.reshape(world_size, STEPS, -1, sources.shape[-1])
+    assert torch.equal(torch.cat(list(shares), dim=1), reference["sources"][0]), "ranks did not split the batches"
     assert result["trained"].keys() == reference["trained"].keys()
     for name, weight in result["trained"].items():
         torch.testing.assert_close(weight, reference["trained"][name], rtol=0, atol=ATOL, msg=name)
@@ -136,9 +138,17 @@ def reference(tmp_path_factory) -> dict:
 
 
 def test_ddp_on_two_processes_matches_one_process(reference, tmp_path):
-    """`devices=2, strategy="ddp"` (gloo): averaging the gradients of two half batches equals the full-batch gradient,
-    so after the same optimizer steps the weights agree."""
+    """`devices=2, strategy="ddp"` (gloo): the two halves of each batch hold different numbers of target tokens, and
+    the mean of their gradients, as DDP takes it, is still the whole batch's per-token gradient, so after the same
+    optimizer steps the weights agree."""
     result = train(tmp_path / "weights.pt", "--devices", "2")
+    assert_same_training(result, reference, world_size=2)
+
+
+def test_accumulating_micro_batches_of_different_sizes_matches_one_batch(reference, tmp_path):
+    """`accumulate_grad_batches=2` on quarter batches, as two DDP processes: every target token of the step weighs the
+    same however many each micro-batch and rank holds, so the weights reach those of whole batches."""
+    result = train(tmp_path / "weights.pt", "--devices", "2", "--accumulate", "2")
     assert_same_training(result, reference, world_size=2)
 
 
