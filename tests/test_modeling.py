@@ -71,6 +71,19 @@ def test_invalid_config_values_raise_naming_the_field(field, value):
         TransformerConfig(**{field: value})
 
 
+@pytest.mark.parametrize(
+    ("alias", "field", "value"),
+    [("hidden_size", "d_model", 100), ("num_attention_heads", "encoder_attention_heads", 3)],  # 8 heads / 512
+)
+def test_an_alias_is_validated_like_its_field(alias, field, value):
+    with pytest.raises(ValueError, match=field):
+        TransformerConfig(**{alias: value})
+
+
+def test_an_alias_sets_the_default_init_std_like_its_field():
+    assert TransformerConfig(hidden_size=96).init_std == TransformerConfig(d_model=96).init_std == 96**-0.5
+
+
 def test_unknown_preset_lists_the_known_ones():
     with pytest.raises(ValueError, match="base"):
         TransformerConfig.from_preset("huge")
@@ -358,8 +371,14 @@ def test_token_ids_outside_the_vocabulary_give_a_clear_error(tiny_config):
     source[0, 2] = tiny_config.vocab_size + 5
     with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 64\).*resize_token_embeddings"):
         model(input_ids=source, decoder_input_ids=target)
-    with pytest.raises(ValueError, match="outside the vocabulary"):
+    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 64\) in labels:.*resize_token_embeddings"):
         model(input_ids=target, labels=source)
+    source[0, 2] = -1
+    with pytest.raises(ValueError, match=r"\[-1\] are outside the vocabulary \[0, 64\) in input_ids: .*never negative"):
+        model(input_ids=source, decoder_input_ids=target)
+    target[1, -2:] = -1  # padding marked with another negative id than the loss ignores
+    with pytest.raises(ValueError, match=r"\[-1\] .* in labels: mark the positions that the loss ignores with -100"):
+        model(input_ids=source.clamp(min=0), labels=target)
 
 
 @pytest.mark.parametrize("shape", [(0, 5), (2, 0)])
@@ -379,18 +398,82 @@ def test_too_long_input_names_max_position_embeddings(tiny_config):
         model(input_ids=source, decoder_input_ids=source[:, :3])
 
 
-def test_gradient_checkpointing_gives_the_same_gradients(tiny_config):
+@pytest.mark.parametrize("decoder_input", ["labels", "labels and decoder_input_ids", "decoder_input_ids"])
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tiny_config, decoder_input):
+    """Also where the decoder would build a cache in training (no labels): checkpointing must not replay its
+    update."""
     source, target = random_batch(tiny_config)
-    grads = []
+    inputs = {"input_ids": source}
+    if "labels" in decoder_input:
+        inputs["labels"] = target
+    if "decoder_input_ids" in decoder_input:
+        inputs["decoder_input_ids"] = torch.randint(4, tiny_config.vocab_size, target.shape)
+    losses, gradients = [], []
     for checkpointing in (False, True):
         torch.manual_seed(0)
         model = TransformerForConditionalGeneration(tiny_config).train()
         if checkpointing:
             model.activation_checkpointing_enable()
         torch.manual_seed(1)  # same dropout masks in both runs
-        model(input_ids=source, labels=target).loss.backward()
-        grads.append(model.lm_head.weight.grad.clone())
-    torch.testing.assert_close(grads[0], grads[1])
+        outputs = model(**inputs)
+        loss = outputs.loss if "labels" in inputs else outputs.logits.square().mean()
+        loss.backward()
+        losses.append(loss.detach())
+        gradients.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    torch.testing.assert_close(losses[0], losses[1])
+    assert gradients[0].keys() == gradients[1].keys()
+    for name, gradient in gradients[0].items():
+        torch.testing.assert_close(gradients[1][name], gradient, msg=name)
+
+
+def test_training_with_labels_and_decoder_input_ids_builds_no_cache(tiny_config):
+    model = make_model(tiny_config).train()
+    source, target = random_batch(tiny_config)
+    outputs = model(input_ids=source, labels=target, decoder_input_ids=target)
+    assert getattr(outputs, CACHE_NAME) is None
+
+
+def test_a_missing_decoder_input_names_what_to_pass(tiny_config):
+    model = make_model(tiny_config)
+    source, _ = random_batch(tiny_config)
+    for call in (model, model.model):
+        with pytest.raises(ValueError, match=r"decoder_input_ids \(or decoder_inputs_embeds\), or.*labels"):
+            call(input_ids=source)
+
+
+@pytest.mark.parametrize("field", ["pad_token_id", "decoder_start_token_id"])
+def test_labels_without_the_ids_to_shift_them_name_the_config_field(tiny_config, field):
+    model = make_model(tiny_config, **{field: None})
+    source, target = random_batch(tiny_config)
+    with pytest.raises(ValueError, match=rf"config\.{field} is None.*decoder_input_ids"):
+        model(input_ids=source, labels=target)
+    assert model(input_ids=source, labels=target, decoder_input_ids=target).loss.isfinite()
+
+
+@pytest.mark.parametrize("mask_shape", [(3, 5), (3, 12), (2, 9)])
+def test_an_attention_mask_of_another_shape_names_both_shapes(tiny_config, mask_shape):
+    model = make_model(tiny_config)
+    source, target = random_batch(tiny_config, batch=3, source_length=9, target_length=7)
+    mask = torch.ones(mask_shape, dtype=torch.long)
+    mask[0, -1] = 0  # padding: the packing of padded tokens is where a wrong shape failed
+    with pytest.raises(
+        ValueError,
+        match=rf"attention_mask has shape \({mask_shape[0]}, {mask_shape[1]}\), but the source has shape \(3, 9\)",
+    ):
+        model(input_ids=source, attention_mask=mask, labels=target)
+    target_mask = torch.ones(mask_shape[0], mask_shape[1] - 2, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"decoder_attention_mask has shape .*, but the target has shape \(3, 7\)"):
+        model(input_ids=source, decoder_input_ids=target, decoder_attention_mask=target_mask)
+    encoder_outputs = model.get_encoder()(source)
+    with pytest.raises(ValueError, match=r"attention_mask has shape .*, but the encoder output has shape \(3, 9\)"):
+        model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=target)
+
+
+def test_labels_and_decoder_inputs_of_other_shapes_name_both(tiny_config):
+    model = make_model(tiny_config)
+    source, target = random_batch(tiny_config)
+    with pytest.raises(ValueError, match=r"labels has shape \(3, 7\), but the decoder input has shape \(3, 5\)"):
+        model(input_ids=source, labels=target, decoder_input_ids=target[:, :5])
 
 
 def test_resize_token_embeddings_keeps_the_ties(tiny_config):

@@ -126,11 +126,12 @@ class TransformerConfig(PretrainedConfig):
         return cls(**{**PRESETS[name], **overrides})
 
     def __post_init__(self, **kwargs):
-        # Checked here rather than in `validate_*` hooks, which wrap the error in a non-ValueError exception.
+        # After the parent's, which sets the `attribute_map` aliases (hidden_size=...) passed in `kwargs`. Checked here
+        # rather than in `validate_*` hooks, which wrap the error in a non-ValueError exception.
+        super().__post_init__(**kwargs)
         self.check_values()
         if self.init_std is None:  # what Hugging Face's initialisation of embeddings reads
             self.init_std = self.d_model**-0.5
-        super().__post_init__(**kwargs)
 
     def check_values(self) -> None:
         """Sizes must be positive, heads must divide d_model, dropouts lie in [0, 1), special ids index the

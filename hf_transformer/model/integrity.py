@@ -55,10 +55,32 @@ def check_token_ids(
     out_of_range = ((input_ids < 0) | (input_ids >= vocab_size)) & (input_ids != ignore_index)
     if out_of_range.any():
         bad = input_ids[out_of_range].unique()[:5].tolist()
+        if bad[0] < 0 and ignore_index is not None:  # no tokenizer makes negative ids: padding marked another way
+            fix = f"mark the positions that the loss ignores with {ignore_index}, not {bad[0]}"
+        elif bad[0] < 0:
+            fix = "token ids are never negative: pad with the tokenizer's pad_token_id, marked 0 in attention_mask"
+        else:
+            fix = (
+                "the input was encoded with a tokenizer whose vocabulary does not match this model: use the tokenizer "
+                "saved with the model, or call model.resize_token_embeddings(len(tokenizer))"
+            )
+        raise ValueError(f"Token ids {bad} are outside the vocabulary [0, {vocab_size}) in {name}: {fix}.")
+
+
+def check_attention_mask(
+    attention_mask: torch.Tensor | None, expected_shape: tuple[int | torch.Tensor, ...], name: str, masked: str
+) -> None:
+    """Raise a readable error when a 2-D attention mask is not [batch, length] of the tokens it masks (`masked`):
+    otherwise attention fails deep inside torch, or masks the wrong positions without an error. 4-D masks, prepared by
+    the caller, pass unchecked. Skipped under `torch.compile` (with a static cache the length is a tensor)."""
+    if attention_mask is None or attention_mask.dim() != 2 or torch.compiler.is_compiling():
+        return
+    expected = tuple(int(size) for size in expected_shape)
+    if tuple(attention_mask.shape) != expected:
         raise ValueError(
-            f"Token ids {bad} are outside the vocabulary [0, {vocab_size}). The input was encoded with a tokenizer "
-            "whose vocabulary does not match this model: use the tokenizer saved with the model, or call "
-            "model.resize_token_embeddings(len(tokenizer))."
+            f"{name} has shape {tuple(attention_mask.shape)}, but {masked} has shape {expected} ([batch, length]): a "
+            "2-D attention mask holds one entry per token (1 = token, 0 = padding). Pass the attention mask that the "
+            "tokenizer returned with these ids."
         )
 
 

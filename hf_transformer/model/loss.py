@@ -24,8 +24,16 @@ CPU_LOGITS_CHUNK_BYTES = 8 * 2**20
 IGNORE_INDEX = -100
 
 
-def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+def shift_tokens_right(
+    labels: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int | None
+) -> torch.Tensor:
     """Teacher forcing: the decoder input is the target shifted right by one, starting with the start token."""
+    for field, value in (("pad_token_id", pad_token_id), ("decoder_start_token_id", decoder_start_token_id)):
+        if value is None:
+            raise ValueError(
+                f"config.{field} is None, but the decoder input is derived from labels with it (labels shifted right, "
+                f"-100 replaced by padding): set model.config.{field} to the tokenizer's id, or pass decoder_input_ids."
+            )
     decoder_input_ids = labels.roll(1, dims=-1)  # not labels[:, :-1], whose length would make torch.compile
     decoder_input_ids[:, 0] = decoder_start_token_id  # specialise short targets
     return decoder_input_ids.masked_fill_(decoder_input_ids == IGNORE_INDEX, pad_token_id)

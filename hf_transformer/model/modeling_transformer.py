@@ -30,7 +30,7 @@ from transformers.utils.generic import merge_with_config_defaults
 
 from .compat import CACHE_NAME, accepts_past_key_values
 from .configuration_transformer import TransformerConfig
-from .integrity import VerifiedLoading, check_positions, check_token_ids
+from .integrity import VerifiedLoading, check_attention_mask, check_positions, check_token_ids
 from .loss import IGNORE_INDEX, shift_tokens_right, target_span, translation_loss
 from .speed import PackedMask, apply_dropout
 
@@ -307,6 +307,9 @@ class TransformerStack(nn.Module):
         self.positional_encoding = SinusoidalPositionalEncoding(config.max_position_embeddings, config.d_model)
         self.layers = nn.ModuleList(layers)
         self.layer_norm = nn.LayerNorm(config.d_model) if config.normalize_before else None
+        # Set by `gradient_checkpointing_enable`; `merge_with_config_defaults` reads it to turn the decoder's use_cache
+        # off in checkpointed training, where the backward replay of a layer would update the cache a second time.
+        self.gradient_checkpointing = False
 
     def embed(
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int | torch.Tensor = 0
@@ -330,6 +333,7 @@ class TransformerStack(nn.Module):
         output_attentions: bool | None,
         output_hidden_states: bool | None,
         *layer_args,
+        **layer_kwargs,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None, list[tuple[torch.Tensor, ...] | None]]:
         """The N layers (3.1) on the packed tokens, then pre-LN's final LayerNorm. Returns the output, every layer's
         input and the output, and the attention weights of each kind (self, cross) over the layers (each if asked)."""
@@ -341,7 +345,11 @@ class TransformerStack(nn.Module):
         hidden_states = mask.pack(hidden_states)
         for layer in self.layers:
             all_hidden_states.append(mask.unpack(hidden_states) if output_hidden_states else None)
-            hidden_states, *weights = layer(hidden_states, mask, *layer_args, output_attentions)
+            # Tensors that need gradients go positionally (reentrant checkpointing differentiates only those), the
+            # cache by keyword: `GradientCheckpointingLayer` drops only a keyword `cache` when it checkpoints.
+            hidden_states, *weights = layer(
+                hidden_states, mask, *layer_args, output_attentions=output_attentions, **layer_kwargs
+            )
             all_weights.append(weights)
         hidden_states = mask.unpack(hidden_states if self.layer_norm is None else self.layer_norm(hidden_states))
         all_hidden_states = (*all_hidden_states, hidden_states) if output_hidden_states else None
@@ -367,6 +375,7 @@ class TransformerEncoder(TransformerStack):
         output_hidden_states: bool | None = None,
     ) -> BaseModelOutput:
         hidden_states = self.embed(input_ids, inputs_embeds)
+        check_attention_mask(attention_mask, hidden_states.shape[:2], "attention_mask", self.positions_of)
         # Padding is masked as keys, so no real output depends on what the layers compute there: skip it (the output
         # there is zeros). The prepared mask is None when nothing is padded, so sdpa can take its fastest path.
         mask = PackedMask(attention_mask, create_bidirectional_mask(self.config, hidden_states, attention_mask))
@@ -410,6 +419,12 @@ class TransformerDecoder(TransformerStack):
 
         past_length = cache.get_seq_length() if cache is not None else 0
         hidden_states = self.embed(input_ids, inputs_embeds, past_length)
+        batch, length = hidden_states.shape[:2]
+        # With a cache, the mask covers the cached positions too (as `generate` extends it).
+        check_attention_mask(attention_mask, (batch, past_length + length), "decoder_attention_mask", self.positions_of)
+        check_attention_mask(
+            encoder_attention_mask, encoder_hidden_states.shape[:2], "attention_mask", "the encoder output"
+        )
         self_attention_cache = cache.self_attention_cache if cache is not None else None
         self_mask = PackedMask.causal(
             attention_mask if cache is None else None,
@@ -421,7 +436,13 @@ class TransformerDecoder(TransformerStack):
             )
         )
         hidden_states, all_hidden_states, (self_attentions, cross_attentions) = self.run_layers(
-            hidden_states, self_mask, output_attentions, output_hidden_states, encoder_hidden_states, cross_mask, cache
+            hidden_states,
+            self_mask,
+            output_attentions,
+            output_hidden_states,
+            encoder_hidden_states,
+            encoder_attention_mask=cross_mask,
+            cache=cache,
         )
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
@@ -473,6 +494,11 @@ class TransformerModel(TransformerPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
     ) -> Seq2SeqModelOutput:
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            raise ValueError(
+                "The decoder has no input: pass decoder_input_ids (or decoder_inputs_embeds), or, to "
+                "TransformerForConditionalGeneration, labels, from which it derives them (shifted right)."
+            )
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids, attention_mask, inputs_embeds, output_attentions, output_hidden_states
@@ -577,10 +603,19 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
                 `loss.py`).
         """
         if labels is not None:
+            # Training: a cache would hold every layer's keys and values for nothing and turn off padding removal.
+            use_cache = False
             check_token_ids(labels, self.config.vocab_size, ignore_index=IGNORE_INDEX, name="labels")
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
-                use_cache = False
+            decoder_inputs = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
+            if decoder_inputs.shape[:2] != labels.shape:
+                raise ValueError(
+                    f"labels has shape {tuple(labels.shape)}, but the decoder input has shape "
+                    f"{tuple(decoder_inputs.shape[:2])}: the loss scores the decoder output at each position against "
+                    "the label there. Pass decoder_input_ids of the labels' shape, or leave them out to derive them "
+                    "from labels."
+                )
             if decoder_attention_mask is None:
                 decoder_attention_mask = target_span(labels)
         outputs = self.model(
