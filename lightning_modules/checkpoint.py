@@ -155,12 +155,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise unreadable_checkpoint(path, error) from error
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint written by `TranslationModule` (plain tensors and Python values only)."""
+def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
+    """Load a checkpoint written by `TranslationModule` (plain tensors and Python values only); memory-mapped with
+    `mmap`, its tensors are read from the file as they are used."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointNotFound(f"No checkpoint at {path}: pass the path of a .ckpt file written during training.")
-    checkpoint = read_checkpoint(path)
+    checkpoint = read_checkpoint(path, mmap=mmap)
     for key in ("state_dict", "hf_config", "tokenizer"):
         if key not in checkpoint:
             raise CheckpointError(f"{path} has no {key!r}: it was not written by lightning_modules.TranslationModule.")
@@ -220,21 +221,40 @@ def model_from_checkpoint(checkpoint: dict[str, Any]) -> TransformerForCondition
 
 
 def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
-    """The element-wise mean of the float weights of several checkpoints of one run (computed in float64); everything
-    else is taken from the last one, and `averaged_steps` lists the global steps averaged."""
+    """The element-wise mean of the float weights of several checkpoints of one run (summed in float64, in the order
+    given); everything else is taken from the last one, and `averaged_steps` lists the global steps averaged.
+
+    The checkpoints are read one at a time, memory-mapped: what is held is the float64 sum of the weights, not every
+    checkpoint with its optimizer state at once (ten of the big model needed tens of GB)."""
     if not paths:
         raise ValueError("Checkpoint averaging needs at least one checkpoint.")
-    checkpoints = [load_checkpoint(path) for path in paths]
-    check_one_run(paths, [checkpoint.get(RUN_ID) for checkpoint in checkpoints])
-    averaged = dict(checkpoints[-1])
-    averaged["averaged_steps"] = [checkpoint["global_step"] for checkpoint in checkpoints]
-    averaged["state_dict"] = {}
-    for name, last in checkpoints[-1]["state_dict"].items():
-        if last.is_floating_point():
-            total = sum(checkpoint["state_dict"][name].double() for checkpoint in checkpoints)
-            averaged["state_dict"][name] = (total / len(checkpoints)).to(last.dtype)
-        else:
-            averaged["state_dict"][name] = last
+    # Which run each belongs to, before any weights are read: another run's may not even have the same shapes.
+    run_ids, steps = [], []
+    for path in paths:
+        checkpoint = load_checkpoint(path, mmap=True)
+        run_ids.append(checkpoint.get(RUN_ID))
+        steps.append(checkpoint["global_step"])
+    check_one_run(paths, run_ids)
+    totals: dict[str, torch.Tensor] = {}
+    for path in paths:
+        checkpoint = load_checkpoint(path, mmap=True)
+        weights = {name: tensor for name, tensor in checkpoint["state_dict"].items() if tensor.is_floating_point()}
+        if totals and weights.keys() != totals.keys():
+            raise CheckpointError(
+                f"{path} holds other weights than {paths[0]} ({len(weights.keys() ^ totals.keys())} names differ): "
+                "average checkpoints of one model"
+            )
+        for name, tensor in weights.items():
+            if name in totals:
+                totals[name] += tensor  # in float64, the sum's type
+            else:  # a copy: a mapped float64 tensor is not to be added into
+                totals[name] = tensor.to(torch.float64, copy=True)
+    averaged = dict(checkpoint)  # the last one's
+    averaged["averaged_steps"] = steps
+    averaged["state_dict"] = {
+        name: (totals[name] / len(paths)).to(tensor.dtype) if name in totals else tensor
+        for name, tensor in checkpoint["state_dict"].items()
+    }
     return averaged
 
 

@@ -64,6 +64,23 @@ def test_evaluation_order_is_fixed():
     assert sampler.plan(0) == sampler.plan(5)
 
 
+def test_a_fraction_of_the_evaluation_batches_holds_pairs_of_every_length():
+    """A fractional trainer.limit_val_batches keeps the first batches: given in length order, they held the shortest
+    pairs only. The batches themselves are those of before, the length-ordered packing, given in a fixed order."""
+    source, target = random_lengths(2000)
+    for seed in range(3):
+        batches = list(TokenBudgetBatchSampler(source, target, 300, shuffle=False, seed=seed))
+        kept = source[np.concatenate(batches[: int(0.25 * len(batches))])]
+        # Short pairs fill few batches (many a batch), so a sample of batches reaches into the shortest pairs less far.
+        assert kept.min() <= np.percentile(source, 15) and kept.max() >= np.percentile(source, 90)
+    sampler = TokenBudgetBatchSampler(source, target, 300, shuffle=False)
+    order, starts, ends = sampler.plan_arrays()
+    assert (np.diff(source[order]) >= 0).all()
+    in_place = np.argsort(starts)
+    packing = token_budget_boundaries(np.maximum(source[order], target[order]), 300)
+    assert np.append(starts[in_place], ends[in_place][-1]).tolist() == packing.tolist()
+
+
 def test_sampler_is_its_own_sampler_for_lightning_set_epoch():
     sampler = TokenBudgetBatchSampler(*random_lengths(), 300)
     sampler.sampler.set_epoch(4)

@@ -26,6 +26,7 @@ import lightning_modules.data.datamodule as datamodule_module
 from hf_transformer.errors import DataError
 from lightning_modules import TranslationDataModule
 from lightning_modules.data.batching import padding_efficiency
+from lightning_modules.data.sources import load_split
 from lightning_modules.data.synthetic import number_to_words, synthetic_splits
 
 SMALL = {"synthetic_train_size": 2000, "synthetic_eval_size": 200, "max_tokens": 512, "eval_max_tokens": 512}
@@ -460,6 +461,34 @@ def test_a_byte_order_mark_is_no_part_of_the_text(tmp_path, suffix):
     dm = local_module(tmp_path)
     assert pairs_of(dm, "validation") == sorted(PAIRS)
     assert not [token for token in dm.tokenizer.get_vocab() if "\ufeff" in token]
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_a_carriage_return_inside_a_line_keeps_the_files_paired(tmp_path, suffix):
+    """Universal newlines ended a line at a lone "\r" too: a stray one in line 2 of train.en and another in line 4 of
+    train.de gave equal line counts, and the pairs between were shifted without an error. Lines end at "\n" only,
+    "\r\n" (Windows) included."""
+    sources = ["one", "two\rhalves", "three", "four", "five"]
+    targets = ["eins", "zwei", "drei", "vier\rhälften", "fünf"]
+    write_lines(tmp_path / f"train.en{suffix}", [source + "\r" for source in sources])  # \r\n line ends
+    write_lines(tmp_path / f"train.de{suffix}", targets)
+    pairs = load_split(str(tmp_path), None, "train", "en", "de")
+    assert pairs["source_text"] == sources and pairs["target_text"] == targets
+    # The lines are cached by `datasets`: a file changed in place is read again.
+    write_lines(tmp_path / f"train.de{suffix}", [target.upper() for target in targets])
+    assert load_split(str(tmp_path), None, "train", "en", "de")["target_text"] == [t.upper() for t in targets]
+
+
+def test_a_tokenizer_that_appends_no_end_token_is_refused(tmp_path, tiny_tokenizer):
+    """Without `</s>` at the end of every target the model never learns to stop: a tokenizer.json whose post-processor
+    was removed must not train."""
+    folder = tmp_path / "tokenizer"
+    tiny_tokenizer.save_pretrained(folder)
+    assert TranslationDataModule(tokenizer=str(folder), **SMALL).tokenizer.eos_token == "</s>"
+    saved = json.loads((folder / "tokenizer.json").read_text())
+    (folder / "tokenizer.json").write_text(json.dumps({**saved, "post_processor": None}))
+    with pytest.raises(DataError, match=r"tokenizer '.*tokenizer' does not end an encoding with its eos token '</s>'"):
+        TranslationDataModule(tokenizer=str(folder), **SMALL)
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "tsv", "csv", "parquet"])

@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import DEMO
 
+from hf_transformer.errors import DataError
 from lightning_modules.checkpoint import load_checkpoint
 from lightning_modules.data.streaming import StreamLoader, TokenBudgetStream, stream_split
 
@@ -111,6 +112,19 @@ def test_a_stream_of_text_files_or_of_the_translation_layout_gives_the_same_pair
     expected = [{"source_text": row["en"], "target_text": row["de"]} for row in rows]
     for source in (folder, text, wmt):
         assert list(stream_split(str(source), None, "train", "en", "de")) == expected
+
+
+def test_a_stream_of_text_files_splits_lines_at_newlines_only_and_names_files_of_other_lengths(tmp_path):
+    """A lone "\r" inside a line (in line 2 of one file and line 4 of the other) ended the line under universal
+    newlines and shifted the pairs between; files of different lengths raised a bare ValueError from zip."""
+    sources, targets = ["one", "two\rhalves", "three", "four"], ["eins", "zwei", "drei", "vier\rhälften"]
+    (tmp_path / "train.en").write_bytes("".join(line + "\r\n" for line in sources).encode())
+    (tmp_path / "train.de").write_bytes("".join(line + "\n" for line in targets).encode())
+    expected = [{"source_text": source, "target_text": target} for source, target in zip(sources, targets, strict=True)]
+    assert list(stream_split(str(tmp_path), None, "train", "en", "de")) == expected
+    (tmp_path / "train.de").write_bytes("".join(line + "\n" for line in targets[:3]).encode())
+    with pytest.raises(DataError, match=r"train\.de has 3 lines but .*train\.en has more"):
+        list(stream_split(str(tmp_path), None, "train", "en", "de"))
 
 
 def train(run_dir: Path, streaming: bool, *overrides: str) -> subprocess.CompletedProcess:

@@ -22,6 +22,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from wandb.proto import wandb_internal_pb2
 
 from lightning_modules.cli import run
+from lightning_modules.cli.training import TranslationCLI
 from lightning_modules.loggers import AutoWandbLogger
 from lightning_modules.module import NUM_LOGGED_SAMPLES
 from lightning_modules.schedules import inverse_sqrt_lr_lambda
@@ -263,3 +264,14 @@ def test_a_command_ends_the_wandb_run_it_started(run_dir, monkeypatch):
         record.run.display_name for records in runs for record in records if record.WhichOneof("record_type") == "run"
     ]
     assert sorted(names) == ["first", "second"]
+
+
+def test_the_wandb_config_leaves_the_run_name_to_wandb_and_the_folder_to_the_run(run_dir):
+    """configs/trainer/wandb.yaml over the defaults: the CSV logger's `name: logs` (cli/defaults.yaml) does not carry
+    over, or every W&B run would be named `logs`, and the files go to trainer.default_root_dir, linked to save_dir."""
+    wandb_config = str(DEMO.parent / "trainer/wandb.yaml")
+    args = ["--config", str(DEMO), "--config", "tiny.yaml", "--config", wandb_config]
+    cli = TranslationCLI(args=[*args, "--trainer.default_root_dir=runs/composed"], run=False)
+    assert isinstance(cli.trainer.logger, AutoWandbLogger)
+    assert cli.config.trainer.logger.init_args.name is None
+    assert Path(cli.trainer.logger.save_dir) == Path("runs/composed")

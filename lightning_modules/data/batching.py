@@ -28,8 +28,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     `max_sentences` pairs when given. An epoch's plan: shuffle (seeded by `seed` and the epoch), sort by length and
     pack greedily (`token_budget_boundaries`) each window of `SORT_WINDOW` pairs, shuffle the batches. Rank r of
     `world_size` takes batches r, r + world_size, ...; the plan is split until every rank gets the same number, so the
-    ranks cover each pair exactly once and none waits for a batch that never comes. `shuffle=False` keeps a fixed
-    order, for evaluation.
+    ranks cover each pair exactly once and none waits for a batch that never comes. `shuffle=False`, for evaluation:
+    the pairs in length order, packed, and the batches in an order fixed by `seed` (the same every epoch).
     """
 
     def __init__(
@@ -117,10 +117,17 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             boundaries.append(start + token_budget_boundaries(costs, self.max_tokens, self.max_sentences)[1:])
         bounds = np.concatenate(boundaries)
         starts, ends = bounds[:-1], bounds[1:]
-        if self.shuffle:
-            shuffled = rng.permutation(len(starts))
-            starts, ends = starts[shuffled], ends[shuffled]
-        return order, *_split_until_divisible(starts, ends, self.world_size)
+        if not self.shuffle:
+            # Packed in length order, the batches would come shortest first, and a fractional
+            # trainer.limit_val_batches, which keeps the first batches, would evaluate the shortest sentences only. A
+            # permutation seeded by `seed` alone gives the same batches in the same order every validation, of all
+            # lengths from the first: a limited validation is a sample of the split. Split before it is permuted, so
+            # that the batches themselves are the length-ordered packing's.
+            starts, ends = _split_until_divisible(starts, ends, self.world_size)
+            spread = np.random.default_rng(self.seed).permutation(len(starts))
+            return order, starts[spread], ends[spread]
+        shuffled = rng.permutation(len(starts))
+        return order, *_split_until_divisible(starts[shuffled], ends[shuffled], self.world_size)
 
     def _length_order(self, order: np.ndarray) -> np.ndarray:
         """Sort by source length, then target length (a stable sort: pairs of equal lengths keep their shuffle).

@@ -9,7 +9,9 @@ Table-like data holds either a `translation: {lang: text}` column or one text co
 import codecs
 import csv
 import gzip
+import io
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -18,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets import Dataset, Features, Translation, Value, concatenate_datasets, load_dataset
 from datasets.exceptions import DatasetGenerationError
+from datasets.fingerprint import Hasher
 from lightning.pytorch.utilities import rank_zero_info
 
 from hf_transformer.errors import DataError
@@ -157,20 +160,39 @@ def _load_text_pair(source_path: Path, target_path: Path, source_lang: str, targ
 
 
 def _load_lines(path: Path) -> Dataset:
-    """A plain-text file as a `text` column, one row per line. A byte-order mark at the start of the file (or of a
-    line, in files concatenated from such files) is no part of the text: left in, it became a token of the
-    vocabulary. The csv and json readers drop it themselves."""
-    lines = _load_file("text", path, features=_TEXT_FEATURES)
-    with _open_binary(path) as file:
-        if file.read(len(codecs.BOM_UTF8)) != codecs.BOM_UTF8:
-            return lines
-    return lines.map(
-        lambda batch: {"text": [line.removeprefix(_BYTE_ORDER_MARK) for line in batch["text"]]},
-        batched=True,
-        batch_size=ROWS_PER_CACHE_BATCH,  # a batched map writes a record batch per batch it maps
-        writer_batch_size=ROWS_PER_CACHE_BATCH,
-        desc="Removing the byte-order mark",
+    """A plain-text file as a `text` column, one row per line (`text_lines`). `datasets`' text reader is not used: it
+    reads with universal newlines, which end a line at a lone "\r" too (see `text_lines`). The cache of the rows is
+    keyed by the file's path, size and modification time, as `datasets` keys the caches of its readers."""
+    status = path.stat()
+    return _read_file(
+        path,
+        "text",
+        lambda: Dataset.from_generator(
+            _text_rows,
+            features=_TEXT_FEATURES,
+            gen_kwargs={"path": str(path)},
+            fingerprint=Hasher.hash([_text_rows, str(path.resolve()), status.st_size, status.st_mtime_ns]),
+            writer_batch_size=ROWS_PER_CACHE_BATCH,
+        ),
     )
+
+
+def _text_rows(path: str) -> Iterator[dict[str, str]]:
+    for line in text_lines(Path(path)):
+        yield {"text": line}
+
+
+def text_lines(path: Path) -> Iterator[str]:
+    """The lines of a UTF-8 text file, gzipped or not, split at "\n" only (the "\r" of a "\r\n" line end removed).
+
+    Universal newlines (Python's text mode, and `datasets`' text reader) also end a line at a lone "\r": a stray one
+    inside a sentence made it two lines, and every later pair of line-aligned files was shifted by one, unnoticed
+    where the other file had a stray "\r" too. Here it stays part of its line. A byte-order mark at the start of a line
+    (of the file, or of one of the files that were concatenated into it) is no part of the text: left in, it became a
+    token of the vocabulary (the csv and json readers drop it themselves)."""
+    with _open_binary(path) as binary, io.TextIOWrapper(binary, encoding="utf-8", newline="\n") as text:
+        for line in text:
+            yield line.removeprefix(_BYTE_ORDER_MARK).removesuffix("\n").removesuffix("\r")
 
 
 def _load_table_file(path: Path, source_lang: str, target_lang: str) -> Dataset:
@@ -182,19 +204,24 @@ def _load_table_file(path: Path, source_lang: str, target_lang: str) -> Dataset:
     builder, options = TABLE_FORMATS[kind]
     # The json builder stores bytes that are not UTF-8 without complaint (the other readers refuse them): only its
     # rows are checked string by string, a scan of the whole text that would slow every later run of large data.
-    data = _load_file(builder, path, **options)
+    data = _read_file(
+        path,
+        builder,
+        lambda: load_dataset(
+            builder, data_files=str(path), split="train", writer_batch_size=ROWS_PER_CACHE_BATCH, **options
+        ),
+    )
     return to_pairs(data, source_lang, target_lang, origin=str(path), files=[path], check_utf8=builder == "json")
 
 
-def _load_file(builder: str, path: Path, **options) -> Dataset:
-    """One local file through a `datasets` builder, with its failures explained in terms of the file."""
+def _read_file(path: Path, builder: str, read: Callable[[], Dataset]) -> Dataset:
+    """One local file read by `read` (a `datasets` builder, named `builder`), with its failures explained in terms
+    of the file."""
     try:
         with _open_binary(path) as file:
             if not file.read(1):
                 raise DataError(f"{path} is empty: a split needs at least one pair")
-        return load_dataset(
-            builder, data_files=str(path), split="train", writer_batch_size=ROWS_PER_CACHE_BATCH, **options
-        )
+        return read()
     except _GZIP_ERRORS as error:
         raise _broken_gzip(path, error) from error
     except DatasetGenerationError as error:

@@ -9,9 +9,8 @@ reads that pass again up to its position (without training on it), so it continu
 cost of reading and tokenizing the pass so far once more.
 """
 
-import gzip
 from collections.abc import Callable, Iterator
-from itertools import islice
+from itertools import islice, zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from hf_transformer.errors import DataError
 from hf_transformer.token_budget import token_budget_boundaries
 
 from ..checkpoint import every_rank, this_ranks
-from .sources import TABLE_FORMATS, find_split_files, has_top_level_files
+from .sources import TABLE_FORMATS, find_split_files, has_top_level_files, text_lines
 
 
 def stream_split(dataset: str, config: str | None, split: str, source_lang: str, target_lang: str) -> IterableDataset:
@@ -68,12 +67,18 @@ def _stream_table(path: Path) -> IterableDataset:
 
 
 def _line_pairs(files: list[tuple[str, str]]) -> Iterator[dict[str, str]]:
-    """The line-aligned pairs of (source file, target file) shards, gzipped or not."""
+    """The line-aligned pairs of (source file, target file) shards, gzipped or not, split into lines as the prepared
+    path splits them (`text_lines`)."""
     for source_path, target_path in files:
-        opener = gzip.open if source_path.endswith(".gz") else open
-        with opener(source_path, "rt", encoding="utf-8") as sources, opener(target_path, "rt", encoding="utf-8") as t:
-            for source, target in zip(sources, t, strict=True):
-                yield {"source": source.rstrip("\n"), "target": target.rstrip("\n")}
+        sources, targets = text_lines(Path(source_path)), text_lines(Path(target_path))
+        for number, (source, target) in enumerate(zip_longest(sources, targets), start=1):
+            if source is None or target is None:
+                shorter, longer = (source_path, target_path) if source is None else (target_path, source_path)
+                raise DataError(
+                    f"{shorter} has {number - 1} lines but {longer} has more: the files of a split must be "
+                    "line-aligned (line i of one translates line i of the other); fix or re-export the shorter file"
+                )
+            yield {"source": source, "target": target}
 
 
 def _pair_of(row: dict[str, Any], source_lang: str, target_lang: str) -> dict[str, str]:

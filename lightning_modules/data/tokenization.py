@@ -22,6 +22,9 @@ PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = {"pad_token": PAD, "bos_token": BOS, "eos_token": EOS, "unk_token": UNK}
 
 
+# What `load_tokenizer` encodes to check that an encoding ends with the eos token.
+_EOS_CHECK_TEXT = "A dog runs."
+
 # Tokenizer training says how far it has read every this many sentences.
 PROGRESS_SENTENCES = 1_000_000
 
@@ -73,7 +76,8 @@ def train_bpe_tokenizer(
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
-    """Load a fast tokenizer from a folder or the Hub; it must define a pad and an eos token."""
+    """Load a fast tokenizer from a folder or the Hub; it must define a pad and an eos token, and end every encoding
+    with the eos token."""
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     if not isinstance(tokenizer, PreTrainedTokenizerFast):
         raise DataError(f"tokenizer {name_or_path!r} has no fast (Rust) version; give a folder with a tokenizer.json")
@@ -82,6 +86,16 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
         raise DataError(
             f"tokenizer {name_or_path!r} defines no {' and no '.join(missing)}: batches need both; "
             "add them to its tokenizer_config.json or let the data module train one (tokenizer: null)"
+        )
+    # Targets end where the tokenizer's post-processor appends </s>: without it the model never learns to stop.
+    ids = encode_ids(tokenizer.backend_tokenizer, [_EOS_CHECK_TEXT])[0]
+    if not ids or ids[-1] != tokenizer.eos_token_id:
+        raise DataError(
+            f"tokenizer {name_or_path!r} does not end an encoding with its eos token {tokenizer.eos_token!r} "
+            f"(id {tokenizer.eos_token_id}): {_EOS_CHECK_TEXT!r} encodes as {ids}, so no target would end and the "
+            "model would never learn to stop. Give its tokenizer.json a post_processor that appends the eos token "
+            f'(TemplateProcessing, single: "$A {tokenizer.eos_token}"), or let the data module train one '
+            "(data.tokenizer: null, and a data.tokenizer_dir that holds no tokenizer)"
         )
     return tokenizer
 
