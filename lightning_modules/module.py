@@ -295,8 +295,9 @@ class TranslationModule(pl.LightningModule):
             self.stop_if_diverged()
 
     def stop_if_diverged(self) -> None:
-        """Raise `TrainingDiverged` if a loss since the last check was NaN or infinite (one read from the device)."""
-        if int(self.non_finite_losses):
+        """Raise `TrainingDiverged` if a loss since the last check was NaN or infinite, on any rank (one read from the
+        device): every rank stops together, where one stopping alone would leave the others waiting in a collective."""
+        if int(self.trainer.strategy.reduce(self.non_finite_losses.clone(), reduce_op="sum")):
             raise TrainingDiverged(
                 f"The training loss became NaN or infinite before step {self.global_step}. {self.resume_hint()}"
             )

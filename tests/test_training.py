@@ -154,8 +154,8 @@ def test_non_finite_loss_stops_with_a_message_naming_the_checkpoint_that_resumes
 
     original = TranslationModule.training_loss
 
-    def poisoned(self, batch):
-        loss = original(self, batch)
+    def poisoned(self, batch, num_items_in_batch=None):
+        loss = original(self, batch, num_items_in_batch)
         return loss * float("nan") if self.global_step == 4 else loss
 
     monkeypatch.setattr(TranslationModule, "training_loss", poisoned)
@@ -1129,3 +1129,20 @@ def test_summary_samples_are_distinct_and_spread_over_lengths():
     rows = [[source, "", ""] for source in ["6", "6", "3", "6", "17", "482", "4821", "300000", "17", "99"]]
     assert [row[0] for row in telling_samples(rows, 3)] == ["3", "99", "4821"]
     assert [row[0] for row in telling_samples(rows[:3], 3)] == ["6", "3"]
+
+
+def test_an_error_on_one_rank_of_many_saves_nothing_while_a_signal_saves(tmp_path):
+    """Saving is collective: after an error that may have stopped one rank alone (out of memory), a rank that tried
+    to save would wait for the others forever; a signal (SIGTERM, Ctrl-C) reaches every rank, which then save."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from lightning_modules.callbacks import ResumableCheckpoint
+
+    saved = []
+    callback = ResumableCheckpoint(dirpath=tmp_path)
+    callback._save_last_now = saved.append  # what a save would call, recorded instead of writing
+    trainer = SimpleNamespace(world_size=2, global_step=5, is_global_zero=False)
+    for exception in (RuntimeError("CUDA out of memory"), SIGTERMException()):
+        callback._saved_step = 4  # last.ckpt holds step 4: step 5 is unsaved
+        callback.on_exception(trainer, torch.nn.Linear(2, 2), exception)  # finite weights
+    assert saved == [trainer]  # the signal's save only

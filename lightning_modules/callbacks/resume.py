@@ -259,6 +259,11 @@ class ResumableCheckpoint(ModelCheckpoint):
                 or isinstance(exception, FloatingPointError | DiskFull)
             ):
                 return
+            if trainer.world_size > 1 and not isinstance(exception, SIGTERMException | KeyboardInterrupt):
+                # Saving is collective (state gathered from every rank, a barrier at the end), and an error such as
+                # out-of-memory may have stopped this rank alone: the others would never join, and all would hang
+                # until the process group's timeout. A signal reaches every rank. Resume from the last step checkpoint.
+                return
             if pressed_twice:
                 self._report_unsaved(trainer)
                 return
