@@ -17,12 +17,16 @@ from dataclasses import dataclass
 from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesTokenizer
 
+from .errors import UserError
+
 # tensor2tensor's get_ende_bleu.sh: `perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'`, after Moses tokenization.
 _COMPOUND = re.compile(r"(\S)-(\S)")
 # The names of the sacreBLEU scores: the two BLEU scores callers choose a model on, and chrF.
 SACREBLEU = "sacreBLEU"
 SACREBLEU_LOWERCASED = "sacreBLEU, lowercased"
 CHRF_SCORE = "chrF"
+# The scores a trained model reports under short names (test/bleu, test/chrf; the model card's metric types).
+LOGGED_SCORES = {"bleu": SACREBLEU, "chrf": CHRF_SCORE}
 
 
 @dataclass(frozen=True)
@@ -32,20 +36,33 @@ class Score:
     how: str  # the signature or the procedure: what a published number must share to be compared with this one
 
 
+def _sacrebleu_metrics() -> dict[str, BLEU | CHRF]:
+    """The sacreBLEU metric behind each sacreBLEU score, by name: the one place their settings are written."""
+    return {SACREBLEU: BLEU(), SACREBLEU_LOWERCASED: BLEU(lowercase=True), CHRF_SCORE: CHRF()}
+
+
+def sacrebleu_signatures() -> dict[str, str]:
+    """The signature that `sacrebleu_scores` labels each of its scores with (one reference per sentence), by name,
+    without scoring anything: for a model card, whose test scores these are."""
+    signatures = {}
+    for name, metric in _sacrebleu_metrics().items():
+        metric.num_refs = 1  # sacreBLEU learns it from the references it scores; `sacrebleu_scores` gives one each
+        signatures[name] = str(metric.get_signature())
+    return signatures
+
+
 def sacrebleu_scores(hypotheses: list[str], references: list[str]) -> list[Score]:
     """sacreBLEU's BLEU (cased, lowercased) and chrF of `hypotheses` against one reference each: the scores that need
     no knowledge of the language."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references: give one per reference.")
-    cased, lowercased, chrf = BLEU(), BLEU(lowercase=True), CHRF()
+    if not hypotheses:  # sacreBLEU fails on an empty corpus with an IndexError
+        raise UserError(
+            "there is nothing to score: no translations and no references. Give at least one sentence and its reference"
+        )
     return [
-        Score(SACREBLEU, cased.corpus_score(hypotheses, [references]).score, str(cased.get_signature())),
-        Score(
-            SACREBLEU_LOWERCASED,
-            lowercased.corpus_score(hypotheses, [references]).score,
-            str(lowercased.get_signature()),
-        ),
-        Score(CHRF_SCORE, chrf.corpus_score(hypotheses, [references]).score, str(chrf.get_signature())),
+        Score(name, metric.corpus_score(hypotheses, [references]).score, str(metric.get_signature()))
+        for name, metric in _sacrebleu_metrics().items()
     ]
 
 

@@ -21,7 +21,7 @@ from hf_transformer.errors import CheckpointError, ConfigError, TrainingDiverged
 from hf_transformer.export.folder import saved_config
 from hf_transformer.model.integrity import non_finite_tensors, token_ids_checked_by_caller
 from hf_transformer.model.loss import IGNORE_INDEX
-from hf_transformer.scoring import CHRF_SCORE, SACREBLEU, sacrebleu_scores
+from hf_transformer.scoring import LOGGED_SCORES, sacrebleu_scores
 
 from .callbacks.progress import telling_samples
 from .callbacks.resume import ExactResume
@@ -30,7 +30,7 @@ from .data.tokenization import model_vocabulary
 from .schedules import inverse_sqrt_lr_lambda, noam_lr_lambda
 
 # The logged name of each score of `hf_transformer.scoring` that a test logs.
-TEST_METRICS = {SACREBLEU: "test/bleu", CHRF_SCORE: "test/chrf"}
+TEST_METRICS = {score: f"test/{name}" for name, score in LOGGED_SCORES.items()}
 # Validation rows kept for the logger's sample table and the end-of-run summary.
 NUM_LOGGED_SAMPLES = 8
 # Training batches between reads of the count of non-finite losses, which is kept on the device so that no step waits

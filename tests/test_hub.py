@@ -1,10 +1,12 @@
-"""Pushing exported models with `push_folder`, and loading them back, against the in-process fake Hub."""
+"""Pushing exported models with `push_folder`, and loading them back, against the in-process fake Hub; and what the
+model card says of the scores and the decoding."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,17 +17,24 @@ from typing import TYPE_CHECKING
 import huggingface_hub.constants
 import pytest
 import torch
-from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+from conftest import make_tiny_config
+from huggingface_hub import HfApi, ModelCard, hf_hub_download, snapshot_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
     HfHubHTTPError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from sacrebleu.metrics import BLEU
 from safetensors.torch import save_file
+from torchmetrics.text import SacreBLEUScore
 
+from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, translate
+from hf_transformer.decoding.translate import MAX_LENGTH_OFFSET
 from hf_transformer.errors import HubError
+from hf_transformer.hub.model_card import bleu_signature, chrf_signature, write_model_card
 from hf_transformer.hub.push import push_folder
+from hf_transformer.scoring import CHRF_SCORE, SACREBLEU, sacrebleu_scores
 from lightning_modules.cli import main
 
 if TYPE_CHECKING:
@@ -357,3 +366,55 @@ def test_fake_hub_errors_map_to_huggingface_hub_exceptions(hub_endpoint: FakeHub
     with pytest.raises(EntryNotFoundError):
         hf_hub_download(REPO, "no-such-file.json")
     assert HfApi().model_info(REPO).private is True
+
+
+# --- the model card -----------------------------------------------------------------------------------------------
+
+
+def card_checkpoint(**extra) -> dict:
+    """What the card reads from a training checkpoint, without weights: enough to write a card."""
+    generation = {"num_beams": 4, "length_penalty": 0.6, "max_new_tokens": 63}
+    return {"hf_config": make_tiny_config().to_dict(), "generation_config": generation, "global_step": 30, **extra}
+
+
+def test_each_score_carries_the_signature_of_what_computed_it(tmp_path: Path) -> None:
+    """Validation scores are torchmetrics' (unsmoothed BLEU), test scores `hf_transformer.scoring`'s (sacreBLEU's
+    default, exponentially smoothed): the card labelled both with the first."""
+    results = {"test/bleu": 31.2, "test/chrf": 55.0, "val/bleu": 30.0, "val/chrf": 50.0}
+    card = ModelCard.load(write_model_card(tmp_path, card_checkpoint(), results=results))
+    signatures = {(r.dataset_split, r.metric_type): r.metric_args["signature"] for r in card.data.eval_results}
+
+    hypotheses, references = ["a dog runs on the grass"], ["a dog walks on the grass"]  # no 4-gram in common
+    labels = {score.name: score.how for score in sacrebleu_scores(hypotheses, references)}
+    assert signatures[("test", "bleu")] == labels[SACREBLEU] and signatures[("test", "chrf")] == labels[CHRF_SCORE]
+    assert signatures[("val", "bleu")] == bleu_signature() and signatures[("val", "chrf")] == chrf_signature()
+    # The two BLEUs differ where smoothing counts, and each signature describes its own.
+    validation = 100 * float(SacreBLEUScore(tokenize="13a")(hypotheses, [references]))
+    assert validation == pytest.approx(BLEU(smooth_method="none").corpus_score(hypotheses, [references]).score)
+    assert validation == 0 < BLEU().corpus_score(hypotheses, [references]).score
+    assert "smooth:none" in signatures[("val", "bleu")] and "smooth:exp" in signatures[("test", "bleu")]
+    for split in ("test", "val"):
+        line = next(line for line in card.text.splitlines() if line.startswith(f"- {split}: scored by "))
+        assert f"BLEU `{signatures[(split, 'bleu')]}`" in line and f"chrF `{signatures[(split, 'chrf')]}`" in line
+
+
+def test_the_cards_decoding_row_gives_the_output_bound_of_each_way_to_decode(tiny_tokenizer, tmp_path: Path) -> None:
+    """The saved `max_new_tokens` bounds `generate()` only: `translate()`, which validation, test, the translate
+    command and the server decode with, bounds the output by the source length."""
+    text = write_model_card(tmp_path, card_checkpoint()).read_text()
+    row = re.search(r"^\| Decoding \| (.*) \|$", text, re.MULTILINE).group(1)
+    assert row.startswith("beam search with 4 beams, length penalty 0.6 (`generation_config.json`)")
+    assert "at most 63 tokens with `generate()`" in row
+    assert f"at most the source's length + {MAX_LENGTH_OFFSET} with `hf_transformer.translate()`" in row
+
+    # An untrained model runs to whichever bound applies.
+    config = TransformerConfig(**{**make_tiny_config().to_dict(), "vocab_size": len(tiny_tokenizer)})
+    model = TransformerForConditionalGeneration(config).eval()
+    model.generation_config.max_new_tokens = 3
+    sentences = ["a dog", "two men play music"]
+    inputs = tiny_tokenizer(sentences, return_tensors="pt", padding=True)
+    assert model.generate(**inputs).shape[1] - 1 <= 3  # - 1: the start token
+    translations = translate(model, tiny_tokenizer, sentences, num_return_sequences=1)
+    for sentence, best in zip(sentences, translations, strict=True):
+        produced = len(best[0].token_ids) - 1
+        assert 3 < produced <= len(tiny_tokenizer(sentence)["input_ids"]) + MAX_LENGTH_OFFSET

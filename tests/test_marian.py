@@ -1,15 +1,25 @@
-"""`to_marian`: the exported stock MarianMTModel computes the same logits and decodes the same tokens as our model."""
+"""`to_marian`: the exported stock MarianMTModel computes the same logits and decodes the same tokens as our model; and
+`export_model`, the registry's entry point, refuses a format or option it does not know."""
 
 import dataclasses
 import json
 
 import pytest
 import torch
-from conftest import copy_task_batch, equal_fraction, output_rows, parts_only_at_near_ties, trained_model
+from conftest import (
+    copy_task_batch,
+    equal_fraction,
+    output_rows,
+    parts_only_at_near_ties,
+    trained_model,
+    word_tokenizer,
+)
 from transformers import AutoModelForSeq2SeqLM, GenerationConfig, MarianMTModel
 from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 
 from hf_transformer import TransformerForConditionalGeneration
+from hf_transformer.errors import UserError
+from hf_transformer.export import FORMATS, export_model
 from hf_transformer.export.marian import marian_permutation, to_marian
 from hf_transformer.model.modeling_transformer import SinusoidalPositionalEncoding
 
@@ -124,3 +134,26 @@ def test_a_field_marian_has_no_counterpart_for_is_refused_naming_it_and_its_valu
     no_start = TransformerForConditionalGeneration(dataclasses.replace(tiny_config, decoder_start_token_id=None))
     with pytest.raises(ValueError, match="MarianConfig needs a decoder_start_token_id"):
         to_marian(no_start)
+
+
+@pytest.mark.parametrize(
+    "format, options, message",
+    [
+        ("mariann", {}, "Unknown export format 'mariann': the formats are " + ", ".join(FORMATS)),
+        ("marian", {"quantization": "int8"}, "The marian export does not take quantization: it takes no options"),
+        (
+            "ctranslate2",
+            {"batch_size": 2},
+            "The ctranslate2 export does not take batch_size: it takes only quantization",
+        ),
+    ],
+)
+def test_export_model_refuses_a_format_or_option_it_does_not_know_naming_those_there_are(
+    tiny_config, tmp_path, format, options, message
+):
+    """The command's choices guard `--format` and its options; the Python API gave a bare KeyError or TypeError."""
+    model = TransformerForConditionalGeneration(tiny_config)
+    with pytest.raises(UserError) as refused:
+        export_model(model, word_tokenizer(tiny_config.vocab_size), tmp_path / "out", format, **options)
+    assert str(refused.value).startswith(message)
+    assert not (tmp_path / "out").exists()  # refused before anything is written

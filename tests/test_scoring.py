@@ -5,7 +5,8 @@ import logging
 import pytest
 from sacrebleu.metrics import BLEU
 
-from hf_transformer.scoring import format_scores, translation_scores
+from hf_transformer.errors import UserError
+from hf_transformer.scoring import format_scores, sacrebleu_signatures, translation_scores
 
 REFERENCES = ["Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.", "Ein Boston-Terrier läuft über Gras."]
 
@@ -69,3 +70,19 @@ def test_a_whole_test_set_scores_without_sacrebleus_tokenized_input_warning(capl
         scores = by_name(references, references)
     assert scores["tokenized BLEU, lowercased"] == pytest.approx(100)
     assert not [record for record in caplog.records if "detokenize" in record.getMessage()]
+
+
+@pytest.mark.parametrize("lang", ["de", "en"])
+def test_nothing_to_score_is_refused_saying_so(lang: str) -> None:
+    # sacreBLEU fails on an empty corpus with an IndexError (`: | hf-transformer translate M --reference empty.txt`).
+    with pytest.raises(UserError, match="there is nothing to score"):
+        translation_scores([], [], lang)
+
+
+def test_the_signatures_given_without_scoring_are_those_the_scores_carry() -> None:
+    # A model card labels the test scores with `sacrebleu_signatures()` before (or without) any scoring.
+    scores = translation_scores(["Ein Hund läuft."], ["Ein Hund rennt."], "de")
+    signatures = sacrebleu_signatures()
+    assert signatures == {score.name: score.how for score in scores if score.name in signatures}
+    assert set(signatures) == {"sacreBLEU", "sacreBLEU, lowercased", "chrF"}
+    assert "smooth:exp" in signatures["sacreBLEU"]  # sacreBLEU's default, not torchmetrics' unsmoothed BLEU

@@ -13,8 +13,9 @@ import torch
 from conftest import DEMO, make_tiny_config
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline, translate
-from hf_transformer.decoding import SourceTruncatedWarning, translate_hypotheses
+from hf_transformer.decoding import SourceTruncatedWarning, beam_search, translate_hypotheses
 from hf_transformer.decoding.attention_maps import alignment, attention_maps, format_alignment
+from hf_transformer.decoding.engine import TranslationEngine
 from hf_transformer.errors import TranslationInputError
 from lightning_modules.checkpoint import tokenizer_state
 from lightning_modules.cli import main
@@ -79,12 +80,42 @@ def test_wrong_input_gives_a_clear_error_or_a_sensible_result(tiny_tokenizer):
         translate(model, tiny_tokenizer, "4821")
     with pytest.raises(TranslationInputError, match="sentence 1 is a int"):
         translate(model, tiny_tokenizer, ["a dog", 17])
-    with pytest.raises(TranslationInputError, match="num_return_sequences=3 must be between 1 and num_beams=2"):
+    with pytest.raises(
+        TranslationInputError, match=r"num_return_sequences=3 \(the n-best list\) must be between 1 and num_beams=2"
+    ):
         translate(model, tiny_tokenizer, ["a dog"], num_beams=2, num_return_sequences=3)
     pipeline = TranslationPipeline(model=model, tokenizer=tiny_tokenizer)
     assert pipeline([]) == []
     with pytest.warns(UserWarning, match="cut to 5 tokens"):
         pipeline(["two men play music on the grass"], max_source_length=5, max_new_tokens=2)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"num_beams": 0}, "num_beams=0 must be between 1 and 16"),
+        ({"num_beams": -1}, "num_beams=-1 must be between 1 and 16"),
+        ({"num_return_sequences": 0}, r"num_return_sequences=0 \(the n-best list\) must be between 1 and num_beams=4"),
+        ({"num_beams": 2, "num_return_sequences": 3}, "num_return_sequences=3 .* between 1 and num_beams=2"),
+        ({"length_penalty": 11.0}, "length_penalty=11.0 must be between -10 and 10"),
+    ],
+)
+def test_translate_refuses_settings_that_cannot_work_as_the_commands_do(tiny_tokenizer, settings, message):
+    """0 beams fell back to the model's (`0 or ...`), -1 was blamed on num_return_sequences, an n-best of 0 gave one
+    translation: translate(), beam_search and the engine of the commands now refuse alike."""
+    model = tiny_model(tiny_tokenizer)
+    assert model.generation_config.num_beams == 4  # the default that 0 beams fell back to
+    engine = TranslationEngine(tiny_tokenizer, model=model)
+    inputs = tiny_tokenizer(["a dog"], return_tensors="pt")
+    calls = {
+        "translate": lambda: translate(model, tiny_tokenizer, ["a dog"], **settings),
+        "beam_search": lambda: beam_search(model, inputs["input_ids"], inputs["attention_mask"], **settings),
+        "engine": lambda: engine.translate(["a dog"], **settings),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TranslationInputError, match=message):
+            call()
+            pytest.fail(f"{name} accepted {settings}")
 
 
 def test_the_names_of_0_3_still_work_and_warn(tiny_tokenizer):
@@ -267,7 +298,7 @@ def test_translate_command_refuses_mistakes_in_one_line(checkpoint, tmp_path, ca
     (tmp_path / "ref.txt").write_text("one\ntwo\n")
     mistakes = {
         ("missing.txt",): "missing.txt: no such file",
-        ("--n-best", "5"): "n-best 5 must be between 1 and the number of beams (3)",
+        ("--n-best", "5"): "num_return_sequences=5 (the n-best list) must be between 1 and num_beams=3",
         ("--num-beams", "0"): "num_beams=0 must be between 1 and 16",
         ("--reference", str(tmp_path / "ref.txt")): "has 2 lines for 1 translated lines",
     }
@@ -290,6 +321,36 @@ def test_translate_command_refuses_mistakes_in_one_line(checkpoint, tmp_path, ca
     with pytest.raises(SystemExit):
         main(["predict", "--config", "configs/demo.yaml"])
     assert "there is no predict command: `hf-transformer test`" in capsys.readouterr().err
+
+
+def test_translate_command_with_nothing_to_score_says_so_in_one_line(checkpoint, tmp_path, capsys, monkeypatch):
+    """`: | hf-transformer translate MODEL --reference empty.txt` ended in an IndexError inside sacreBLEU."""
+    (tmp_path / "empty.txt").write_text("")
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    with pytest.raises(SystemExit):
+        main(["translate", str(checkpoint), "--reference", str(tmp_path / "empty.txt")])
+    err = capsys.readouterr().err
+    assert "there is nothing to score" in err and "Traceback" not in err
+    assert err.startswith("hf-transformer translate: error:")
+
+
+@pytest.mark.slow
+def test_an_onnx_export_is_refused_saying_how_it_runs(checkpoint, tmp_path, capsys):
+    """An ONNX folder has the model's config and tokenizer but no weights: it failed as "no model folder", telling
+    the user to pass a folder written by export, which it is."""
+    for module in ("onnxruntime", "onnxscript"):
+        pytest.importorskip(module, reason="the ONNX export needs the onnx extra: pip install 'hf-transformer[onnx]'")
+    folder = tmp_path / "onnx"
+    main(["export", str(checkpoint), str(folder), "--format", "onnx", "--source-length", "8", "--max-length", "8"])
+    (tmp_path / "in.txt").write_text("a dog\n")
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["translate", str(folder), str(tmp_path / "in.txt")])
+    err = capsys.readouterr().err
+    assert err.startswith("hf-transformer translate: error:") and "Traceback" not in err
+    assert "holds ONNX programs (export --format onnx), which run on ONNX Runtime" in err
+    assert "ExportedModel.from_pretrained(folder) as docs/deploying.md shows" in err
+    assert "is no model folder" not in err
 
 
 def test_translate_command_never_writes_over_its_input_and_a_failed_run_leaves_the_output(checkpoint, tmp_path, capsys):
@@ -431,6 +492,20 @@ def test_an_export_appears_whole_or_not_at_all(checkpoint, tmp_path, capsys, mon
     with pytest.raises(SystemExit):
         main(["export", str(checkpoint), "/proc/exported"])
     assert "cannot write into /proc (No such file or directory)" in capsys.readouterr().err
+
+
+def test_the_card_of_an_averaged_export_says_which_steps_its_weights_are_the_mean_of(checkpoint, tmp_path, capsys):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    saved = torch.load(checkpoint, weights_only=True)
+    for step in (90, 100):
+        torch.save({**saved, "global_step": step}, folder / f"step={step}.ckpt")
+    main(["export", str(folder), str(tmp_path / "averaged"), "--average", "2"])
+    main(["export", str(folder / "step=100.ckpt"), str(tmp_path / "single")])
+    averaged = (tmp_path / "averaged" / "README.md").read_text()
+    assert "| Checkpoint averaging | the exported weights are the mean of those at steps 90, 100 |" in averaged
+    assert "| Training steps | 100 optimizer steps |" in averaged
+    assert "Checkpoint averaging" not in (tmp_path / "single" / "README.md").read_text()
 
 
 def test_translate_command_reads_exported_and_ctranslate2_folders(checkpoint, tmp_path, capsys):

@@ -13,13 +13,14 @@ from ..errors import MissingExtra, ModelNotFound, TranslationInputError, UserErr
 from ..export.folder import check_tokenizer_files
 from ..model import TransformerConfig, TransformerForConditionalGeneration
 from .attention_maps import AttentionMaps, attention_maps
-from .translate import Translation, translate
+from .translate import MAX_BEAMS as MAX_BEAMS  # re-exported: the server's limit on a request's beams
+from .translate import Translation, check_decoding_settings, translate
 
 if TYPE_CHECKING:
     from ..export.ctranslate2 import CTranslate2Translator
 
-# The most beams a request may ask for: beam search costs memory and time in proportion.
-MAX_BEAMS = 16
+# What transformers' exporter writes beside the programs of `export --format onnx`: it names them and their inputs.
+ONNX_MANIFEST = "export.json"
 
 
 class TranslationEngine:
@@ -50,8 +51,16 @@ class TranslationEngine:
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, device: str = "cpu") -> TranslationEngine:
         """An exported folder or Hub repository of this package's model, or a folder written by `export --format
-        ctranslate2` (recognised by its model.bin)."""
+        ctranslate2` (recognised by its model.bin). A folder of `export --format onnx` is refused, saying how to run
+        it."""
         folder = Path(name_or_path)
+        if (folder / ONNX_MANIFEST).is_file():
+            # It has the model's config.json and tokenizer but no weights: loading would fail as if it were no model.
+            raise ModelNotFound(
+                f"{folder} holds ONNX programs (export --format onnx), which run on ONNX Runtime, not in this command: "
+                "load them with transformers.exporters.ExportedModel.from_pretrained(folder) as docs/deploying.md "
+                "shows. To translate here, pass the checkpoint or the hf-transformer folder they were exported from"
+            )
         if (folder / "model.bin").is_file():
             try:
                 from ..export.ctranslate2 import CTranslate2Translator
@@ -83,16 +92,9 @@ class TranslationEngine:
     def check_settings(
         self, num_beams: int | None = None, length_penalty: float | None = None, num_return_sequences: int = 1
     ) -> None:
-        """Refuse decoding settings that cannot work, naming the setting and its range."""
-        beams = num_beams or self.generation_config.num_beams or 1
-        if num_beams is not None and not 1 <= num_beams <= MAX_BEAMS:
-            raise TranslationInputError(f"num_beams={num_beams} must be between 1 and {MAX_BEAMS}")
-        if length_penalty is not None and not -10 <= length_penalty <= 10:
-            raise TranslationInputError(f"length_penalty={length_penalty} must be between -10 and 10")
-        if not 1 <= num_return_sequences <= beams:
-            raise TranslationInputError(
-                f"n-best {num_return_sequences} must be between 1 and the number of beams ({beams})"
-            )
+        """Refuse decoding settings that cannot work, naming the setting and its range (`check_decoding_settings`), and
+        n-best lists of a CTranslate2 model."""
+        check_decoding_settings(self.generation_config, num_beams, length_penalty, num_return_sequences)
         if num_return_sequences > 1:
             self.require_model("n-best lists")
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
+from ..errors import ConfigError
 from ..hub.model_card import CARD_FORMATS, rewrite_model_card
 from ..model import TransformerForConditionalGeneration
 from .folder import check_model_folder, make_shareable
@@ -79,6 +80,19 @@ FORMATS: dict[str, ExportFormat] = {
 DEFAULT_FORMAT = "hf-transformer"
 
 
+def _checked_format(format: str, options: dict[str, Any]) -> ExportFormat:
+    """The registered format `format`, once it is known to take every one of `options`; a `ConfigError` naming the
+    formats or the options there are otherwise (the format's writer would fail with a bare KeyError or TypeError)."""
+    if format not in FORMATS:
+        raise ConfigError(f"Unknown export format {format!r}: the formats are {', '.join(FORMATS)}.")
+    chosen = FORMATS[format]
+    unknown = sorted(set(options) - set(chosen.options))
+    if unknown:
+        takes = f"takes only {', '.join(chosen.options)}" if chosen.options else "takes no options"
+        raise ConfigError(f"The {format} export does not take {', '.join(unknown)}: it {takes}. Leave them out.")
+    return chosen
+
+
 def export_model(
     model: TransformerForConditionalGeneration,
     tokenizer: PreTrainedTokenizerFast,
@@ -87,8 +101,9 @@ def export_model(
     **options: Any,
 ) -> Path:
     """Write `model` and `tokenizer` into `folder` in `format` (a name in `FORMATS`) with that format's `options`.
-    The model card is the caller's (`hf_transformer.hub.model_card`), which knows how the model was trained."""
-    return FORMATS[format].write(model, tokenizer, Path(folder), **options)
+    The model card is the caller's (`hf_transformer.hub.model_card`), which knows how the model was trained. Raises
+    `ConfigError` for an unknown format or an option it does not take."""
+    return _checked_format(format, options).write(model, tokenizer, Path(folder), **options)
 
 
 def export_folder(
@@ -104,10 +119,11 @@ def export_folder(
     """Convert the folder `source`, written by `export`, into `format` in `folder`; its model card, if it has one, is
     rendered again for that format (for `repo_id`, the repository its usage snippet loads, with `results` added and
     `wandb_url` set)."""
+    chosen = _checked_format(format, options)  # before the model is loaded
     check_model_folder(source)
     model = TransformerForConditionalGeneration.from_pretrained(source)
     folder = export_model(model, PreTrainedTokenizerFast.from_pretrained(source), folder, format, **options)
-    if FORMATS[format].has_card:
+    if chosen.has_card:
         rewrite_model_card(source, folder, format=format, repo_id=repo_id, results=results, wandb_url=wandb_url)
     return folder
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
-from ..decoding.translate import MAX_LENGTH_OFFSET, check_sentences, prepare_sources
+from ..decoding.translate import MAX_LENGTH_OFFSET, check_decoding_settings, check_sentences, prepare_sources
 from ..model import TransformerForConditionalGeneration
 from .marian import to_marian
 
@@ -133,7 +133,7 @@ class CTranslate2Translator:
     ) -> list[list[int]]:
         """The best hypothesis for each source (token ids, without padding), as token ids ending with </s> (or cut at
         the maximum length), without the decoder start token."""
-        num_beams = num_beams or self.generation_config.num_beams or 1
+        num_beams = check_decoding_settings(self.generation_config, num_beams, length_penalty)
         length_penalty = self.generation_config.length_penalty if length_penalty is None else length_penalty
         max_positions = self.tokenizer.model_max_length
         # The output limit depends on the source length, and CTranslate2 takes one per call: one call per length.

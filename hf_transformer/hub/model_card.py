@@ -5,6 +5,9 @@ A checkpoint of `TranslationModule` carries the module's arguments (`hyper_param
 settings (`generation_config`) and the step count. Evaluation scores, the W&B run link and the compute used are not in
 it: the caller passes them (the push callback takes them from the trainer, `hf-transformer push` from `--results`).
 The card is rendered from `model_card_template.md`, a Jinja template, by `huggingface_hub.ModelCard.from_template`.
+
+Each score is labelled with the sacreBLEU signature of what computed it: validation scores (`val/*`) are torchmetrics'
+during training, test scores (`test/*`) those of `hf_transformer.scoring`, which `hf-transformer test` logs.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from sacrebleu.metrics import BLEU, CHRF
 
+from ..decoding.translate import MAX_LENGTH_OFFSET
 from ..model import TransformerForConditionalGeneration
 from ..model.configuration_transformer import MIN_TRANSFORMERS_VERSION, TransformerConfig
+from ..scoring import LOGGED_SCORES, sacrebleu_signatures
 
 CARD_NAME = "README.md"
 DEFAULT_LICENSE = "apache-2.0"
@@ -30,11 +35,24 @@ SYNTHETIC_DATASET = "synthetic"
 CARD_FACTS = "hf_transformer_card.json"
 CARD_FORMATS = ("hf-transformer", "marian")
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
-# What the card reads from a checkpoint (small values only: no weights).
-_CHECKPOINT_KEYS = ("hyper_parameters", "datamodule_hyper_parameters", "hf_config", "generation_config", "global_step")
+# What the card reads from a checkpoint (small values only: no weights). `averaged_steps`: the steps whose weights an
+# averaged checkpoint (`lightning_modules.checkpoint.average_checkpoints`) is the mean of.
+_CHECKPOINT_KEYS = (
+    "hyper_parameters",
+    "datamodule_hyper_parameters",
+    "hf_config",
+    "generation_config",
+    "global_step",
+    "averaged_steps",
+)
 # Table rows of the evaluation section: metric key suffix -> column title.
 _SCORES = {"bleu": "BLEU", "chrf": "chrF", "loss": "Loss (nats/token)", "perplexity": "Perplexity"}
 _STAGES = {"test": "test_split", "val": "validation_split"}
+# What computed each stage's scores, for the sentence under the evaluation table.
+_SCORED_BY = {
+    "test": "sacreBLEU (`hf_transformer.scoring`, as `hf-transformer test` logs them)",
+    "val": "torchmetrics' `SacreBLEUScore` and `CHRFScore`, logged during training",
+}
 _EXAMPLES = {
     "digits": "4821",
     "en": "A dog runs across the grass.",
@@ -135,8 +153,6 @@ def _render(folder: Path, facts: dict[str, Any], format: str, repo_id: str | Non
         training=_training(run, facts["compute"]),
         wandb_url=facts["wandb_url"],
         evaluation=_evaluation(run, results),
-        bleu_signature=bleu_signature(),
-        chrf_signature=chrf_signature(),
         requirement=f"transformers>={MIN_TRANSFORMERS_VERSION},<6",
         model_id=model_id,
         example=facts["example"] or _EXAMPLES.get(run.source_lang, _EXAMPLES["en"]),
@@ -147,20 +163,31 @@ def _render(folder: Path, facts: dict[str, Any], format: str, repo_id: str | Non
 
 
 def bleu_signature() -> str:
-    """The sacreBLEU signature of the BLEU that `TranslationModule` logs: torchmetrics' `SacreBLEUScore` with 13a
-    tokenization, one reference and no smoothing (it scores 0 when an n-gram order has no match, as sacreBLEU's
-    `smooth_method="none"` does)."""
+    """The sacreBLEU signature of the validation BLEU that `TranslationModule` logs (`val/bleu`): torchmetrics'
+    `SacreBLEUScore` with 13a tokenization, one reference and no smoothing (it scores 0 when an n-gram order has no
+    match, as sacreBLEU's `smooth_method="none"` does). The test BLEU is sacreBLEU's own: `signatures("test")`."""
     metric = BLEU(tokenize="13a", smooth_method="none")
     metric.num_refs = 1  # sacreBLEU only knows it after scoring; the module scores against one reference
     return metric.get_signature().format()
 
 
 def chrf_signature() -> str:
-    """The sacreBLEU signature of the logged chrF: torchmetrics' `CHRFScore(n_word_order=0)`, character 6-grams,
-    beta 2, whitespace ignored."""
+    """The sacreBLEU signature of the validation chrF that `TranslationModule` logs (`val/chrf`): torchmetrics'
+    `CHRFScore(n_word_order=0)`, character 6-grams, beta 2, whitespace ignored."""
     metric = CHRF(word_order=0)
     metric.num_refs = 1
     return metric.get_signature().format()
+
+
+def signatures(stage: str) -> dict[str, str]:
+    """The sacreBLEU signature of each signed score ("bleu", "chrf") that `stage` ("val" or "test") logs: the test
+    scores are `hf_transformer.scoring`'s, whose own labels these are."""
+    if stage == "val":
+        return {"bleu": bleu_signature(), "chrf": chrf_signature()}
+    if stage == "test":
+        scoring = sacrebleu_signatures()
+        return {name: scoring[score] for name, score in LOGGED_SCORES.items()}
+    raise ValueError(f"Unknown stage {stage!r}: scores are logged for {', '.join(_STAGES)}.")
 
 
 # --- what the checkpoint says about the run -------------------------------------------------------------------
@@ -176,6 +203,7 @@ class _RunFacts:
         self.config = TransformerConfig.from_dict(checkpoint["hf_config"])
         self.generation: dict[str, Any] = dict(checkpoint.get("generation_config") or {})
         self.global_step: int | None = checkpoint.get("global_step")
+        self.averaged_steps: list[int] = list(checkpoint.get("averaged_steps") or [])
         self.dataset: str | None = dataset or self.data.get("dataset")
         self.dataset_config: str | None = self.data.get("dataset_config")
         source, target = language_pair or (self.data.get("source_lang"), self.data.get("target_lang"))
@@ -249,11 +277,11 @@ def _metadata(run: _RunFacts, name: str, results: dict[str, float], license: str
 
 
 def _eval_results(run: _RunFacts, results: dict[str, float]) -> list[EvalResult]:
-    """BLEU and chrF per evaluated split, each with its sacreBLEU signature, for the card's `model-index`."""
-    signatures = {"bleu": bleu_signature(), "chrf": chrf_signature()}
+    """BLEU and chrF per evaluated split, each with the sacreBLEU signature of what computed it, for the card's
+    `model-index`."""
     entries = []
     for stage, split_key in _STAGES.items():
-        for metric, signature in signatures.items():
+        for metric, signature in signatures(stage).items():
             value = results.get(f"{stage}/{metric}")
             if value is None:
                 continue
@@ -325,6 +353,9 @@ def _training(run: _RunFacts, compute: str | None) -> list[tuple[str, Any]]:
         rows.append(("Initialised from", f"[{run.base_model}](https://huggingface.co/{run.base_model})"))
     if run.global_step is not None:
         rows.append(("Training steps", f"{run.global_step} optimizer steps"))
+    if len(run.averaged_steps) > 1:
+        steps = ", ".join(map(str, run.averaged_steps))
+        rows.append(("Checkpoint averaging", f"the exported weights are the mean of those at steps {steps}"))
     if compute:
         rows.append(("Compute", compute))
     rows.append(("Decoding", _decoding(run)))
@@ -344,15 +375,20 @@ def _decoding(run: _RunFacts) -> str:
     text = f"beam search with {beams} beams" if beams > 1 else "greedy search"
     if generation.get("length_penalty") is not None:
         text += f", length penalty {generation['length_penalty']}"
+    # The saved bound is `generate()`'s only: `translate()` (validation, test, `hf-transformer translate`, `serve`)
+    # reads the beams and the length penalty from the generation config, and bounds the output by the source length.
+    ours = "`hf_transformer.translate()` (the scores below, `hf-transformer translate` and `serve`)"
+    lengths = [f"at most the source's length + {MAX_LENGTH_OFFSET} with {ours}"]
     if generation.get("max_new_tokens"):
-        text += f", at most {generation['max_new_tokens']} tokens"
+        lengths.insert(0, f"at most {generation['max_new_tokens']} tokens with `generate()`")
     elif generation.get("max_length"):  # a model of 0.3, which saved the bound with the start token
-        text += f", at most {generation['max_length'] - 1} tokens"
-    return text + " (`generation_config.json`)"
+        lengths.insert(0, f"at most {generation['max_length'] - 1} tokens with `generate()`")
+    return f"{text} (`generation_config.json`); output length: {', '.join(lengths)}"
 
 
 def _evaluation(run: _RunFacts, results: dict[str, float]) -> dict[str, list] | None:
-    """The evaluation table: score columns and one row of cells per evaluated split; None without results."""
+    """The evaluation table: score columns and one row of cells per evaluated split, and per split what scored it
+    with the signatures of its scores; None without results."""
     splits = [stage for stage in _STAGES if any(f"{stage}/{metric}" in results for metric in _SCORES)]
     if not splits:
         return None
@@ -361,7 +397,12 @@ def _evaluation(run: _RunFacts, results: dict[str, float]) -> dict[str, list] | 
         (run.data.get(_STAGES[stage], stage), [_format_score(results.get(f"{stage}/{metric}")) for metric in metrics])
         for stage in splits
     ]
-    return {"columns": [_SCORES[metric] for metric in metrics], "rows": rows}
+    scored_by = []
+    for stage in splits:
+        signed = [f"{_SCORES[m]} `{sig}`" for m, sig in signatures(stage).items() if f"{stage}/{m}" in results]
+        if signed:  # a split with its loss alone has no signature to give
+            scored_by.append((run.data.get(_STAGES[stage], stage), _SCORED_BY[stage], signed))
+    return {"columns": [_SCORES[metric] for metric in metrics], "rows": rows, "scored_by": scored_by}
 
 
 def _count(number: int) -> str:

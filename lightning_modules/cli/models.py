@@ -16,8 +16,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model",
         metavar="MODEL",
-        help="a folder written by `hf-transformer export` (any --format but marian), a Hub id, a .ckpt file of "
-        "training, or with --average the folder of the checkpoints",
+        help="a folder written by `hf-transformer export` (--format hf-transformer or ctranslate2), a Hub id, a "
+        ".ckpt file of training, or with --average the folder of the checkpoints",
     )
     parser.add_argument(
         "--average", type=positive_int, metavar="N", help="average the last N checkpoints of the MODEL folder"
