@@ -396,8 +396,8 @@ def test_ctrl_c_stops_at_the_end_of_its_step_and_twice_stops_at_once(run_dir, ca
 
     original = TranslationModule.training_loss
 
-    def pressed(self, batch):
-        loss = original(self, batch)
+    def pressed(self, batch, num_items_in_batch=None):
+        loss = original(self, batch, num_items_in_batch)
         for _ in range(presses if self.global_step == 4 else 0):
             signal.raise_signal(signal.SIGINT)
         return loss
