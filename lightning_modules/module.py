@@ -349,7 +349,11 @@ class TranslationModule(pl.LightningModule):
         labels = batch["labels"]
         target_tokens = (labels != IGNORE_INDEX).sum()
         nll = self.model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels, label_smoothing=0.0
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            labels=labels,
+            label_smoothing=0.0,
+            return_logits=False,  # the loss alone: never all of an evaluation batch's logits at once
         ).loss
         loss_sum = nll * target_tokens
         batch_size = batch["input_ids"].shape[0]

@@ -251,8 +251,9 @@ def test_loss_is_the_papers_label_smoothed_cross_entropy_per_target_token(tiny_c
     torch.testing.assert_close(summed, expected * is_target.sum() / 10)
 
 
-def test_logits_are_computed_only_when_asked_and_change_no_loss_or_gradient(tiny_config):
-    model = make_model(tiny_config, dropout=0.0)
+def test_logits_with_labels_are_computed_in_training_only_when_asked_and_change_no_loss_or_gradient(tiny_config):
+    """In eval mode they come with the loss, as Hugging Face's models give them (the Trainer's metrics read them)."""
+    model = make_model(tiny_config, dropout=0.0).train()  # dropout 0: the same function as in eval mode
     source, target = random_batch(tiny_config)
     labels = target.masked_fill(torch.arange(target.shape[1]) >= torch.tensor([[7], [4], [6]]), -100)
     with_logits = model(input_ids=source, labels=labels, return_logits=True)
@@ -266,6 +267,9 @@ def test_logits_are_computed_only_when_asked_and_change_no_loss_or_gradient(tiny
     without.loss.backward()
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, gradients[name], msg=name)
+    evaluated = model.eval()(input_ids=source, labels=labels)
+    torch.testing.assert_close(evaluated.logits, with_logits.logits)
+    torch.testing.assert_close(evaluated.loss, with_logits.loss)
 
     full = model(input_ids=source, decoder_input_ids=target).logits
     torch.testing.assert_close(model(input_ids=source, decoder_input_ids=target, logits_to_keep=2).logits, full[:, -2:])
@@ -337,7 +341,7 @@ def test_training_flops_count_every_matrix_multiply_of_a_training_step(tiny_conf
     for source_length, target_length in zip(source_lengths, target_lengths, strict=True):
         source, labels = random_batch(tiny_config, 1, source_length, target_length)
         with FlopCounterMode(display=False) as counter:
-            model(input_ids=source, labels=labels).loss.backward()
+            model(input_ids=source, labels=labels, return_logits=False).loss.backward()  # as training calls it
         counted += counter.get_total_flops()
     expected = training_flops(tiny_config, torch.tensor(source_lengths), torch.tensor(target_lengths))
     assert int(expected) == counted

@@ -599,8 +599,8 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
                 the summed loss is divided by it instead of by this batch's, so that every token weighs equally.
             label_smoothing: this call's epsilon_ls instead of `config.label_smoothing` (0.0: the plain
                 log-likelihood).
-            return_logits: with `labels`, logits are computed only when asked (the loss never holds them all,
-                `loss.py`).
+            return_logits: with `labels`, whether to compute the logits too; by default in eval mode only, where
+                Hugging Face's Trainer reads them for its metrics: training never holds them all (`loss.py`).
         """
         if labels is not None:
             # Training: a cache would hold every layer's keys and values for nothing and turn off padding removal.
@@ -636,7 +636,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         if labels is not None:
             smoothing = self.config.label_smoothing if label_smoothing is None else label_smoothing
             loss = translation_loss(hidden_states, self.lm_head.weight, labels, smoothing, num_items_in_batch)
-        if labels is None or return_logits:
+        if labels is None or (not self.training if return_logits is None else return_logits):
             keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             logits = self.lm_head(hidden_states[:, keep])
         # Every field of the model's output (cache, hidden states, attentions) but its last hidden states.
