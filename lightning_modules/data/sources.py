@@ -10,6 +10,7 @@ import codecs
 import csv
 import gzip
 import io
+import re
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,6 +39,7 @@ TABLE_FORMATS = {
 _TEXT_FEATURES = Features({"text": Value("string")})
 # The UTF-8 byte-order mark that some editors (Windows Notepad, Excel) write at the start of a file.
 _BYTE_ORDER_MARK = codecs.BOM_UTF8.decode()
+_LONE_CARRIAGE_RETURN = re.compile(rb"\r(?!\n)")
 # The first bytes of a file in which a NUL byte marks binary data (git reads as many).
 _BINARY_CHECK_BYTES = 8000
 # What reading a .gz file that is cut short, damaged or no gzip data raises.
@@ -160,20 +162,50 @@ def _load_text_pair(source_path: Path, target_path: Path, source_lang: str, targ
 
 
 def _load_lines(path: Path) -> Dataset:
-    """A plain-text file as a `text` column, one row per line (`text_lines`). `datasets`' text reader is not used: it
-    reads with universal newlines, which end a line at a lone "\r" too (see `text_lines`). The cache of the rows is
-    keyed by the file's path, size and modification time, as `datasets` keys the caches of its readers."""
+    """A plain-text file as a `text` column, one row per line (`text_lines`). `datasets`' text reader, ten times
+    faster than a Python loop, reads with universal newlines, which end a line at a lone "\r" too (see `text_lines`):
+    it reads the files that have none, and the others are read line by line, their cache keyed by the file's path,
+    size and modification time, as `datasets` keys the caches of its readers."""
+    return _read_file(path, "text", lambda: _read_lines(path))
+
+
+def _read_lines(path: Path) -> Dataset:
+    if not _has_lone_carriage_return(path):
+        return _without_byte_order_marks(path, _load_dataset_file("text", path, features=_TEXT_FEATURES))
     status = path.stat()
-    return _read_file(
-        path,
-        "text",
-        lambda: Dataset.from_generator(
-            _text_rows,
-            features=_TEXT_FEATURES,
-            gen_kwargs={"path": str(path)},
-            fingerprint=Hasher.hash([_text_rows, str(path.resolve()), status.st_size, status.st_mtime_ns]),
-            writer_batch_size=ROWS_PER_CACHE_BATCH,
-        ),
+    return Dataset.from_generator(
+        _text_rows,
+        features=_TEXT_FEATURES,
+        gen_kwargs={"path": str(path)},
+        fingerprint=Hasher.hash([_text_rows, str(path.resolve()), status.st_size, status.st_mtime_ns]),
+        writer_batch_size=ROWS_PER_CACHE_BATCH,
+    )
+
+
+def _has_lone_carriage_return(path: Path) -> bool:
+    """Whether the file holds a "\r" that ends no "\r\n" (read 16 MiB at a time, the search in C)."""
+    carried = b""
+    with _open_binary(path) as file:
+        while chunk := file.read(16 * 2**20):
+            chunk = carried + chunk
+            carried = b"\r" if chunk.endswith(b"\r") else b""  # its "\n" may start the next chunk
+            if _LONE_CARRIAGE_RETURN.search(chunk, 0, len(chunk) - len(carried)):
+                return True
+    return bool(carried)
+
+
+def _without_byte_order_marks(path: Path, lines: Dataset) -> Dataset:
+    """A byte-order mark at the start of the file (or of a line, in files concatenated from such files) is no part of
+    the text: left in, it became a token of the vocabulary. The csv and json readers drop it themselves."""
+    with _open_binary(path) as file:
+        if file.read(len(codecs.BOM_UTF8)) != codecs.BOM_UTF8:
+            return lines
+    return lines.map(
+        lambda batch: {"text": [line.removeprefix(_BYTE_ORDER_MARK) for line in batch["text"]]},
+        batched=True,
+        batch_size=ROWS_PER_CACHE_BATCH,  # a batched map writes a record batch per batch it maps
+        writer_batch_size=ROWS_PER_CACHE_BATCH,
+        desc="Removing the byte-order mark",
     )
 
 
@@ -207,11 +239,13 @@ def _load_table_file(path: Path, source_lang: str, target_lang: str) -> Dataset:
     data = _read_file(
         path,
         builder,
-        lambda: load_dataset(
-            builder, data_files=str(path), split="train", writer_batch_size=ROWS_PER_CACHE_BATCH, **options
-        ),
+        lambda: _load_dataset_file(builder, path, **options),
     )
     return to_pairs(data, source_lang, target_lang, origin=str(path), files=[path], check_utf8=builder == "json")
+
+
+def _load_dataset_file(builder: str, path: Path, **options) -> Dataset:
+    return load_dataset(builder, data_files=str(path), split="train", writer_batch_size=ROWS_PER_CACHE_BATCH, **options)
 
 
 def _read_file(path: Path, builder: str, read: Callable[[], Dataset]) -> Dataset:
