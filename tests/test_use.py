@@ -93,11 +93,10 @@ def test_wrong_input_gives_a_clear_error_or_a_sensible_result(tiny_tokenizer):
 @pytest.mark.parametrize(
     "settings, message",
     [
-        ({"num_beams": 0}, "num_beams=0 must be between 1 and 16"),
-        ({"num_beams": -1}, "num_beams=-1 must be between 1 and 16"),
+        ({"num_beams": 0}, "num_beams=0 must be (at least 1|between 1 and 16)"),
+        ({"num_beams": -1}, "num_beams=-1 must be (at least 1|between 1 and 16)"),
         ({"num_return_sequences": 0}, r"num_return_sequences=0 \(the n-best list\) must be between 1 and num_beams=4"),
         ({"num_beams": 2, "num_return_sequences": 3}, "num_return_sequences=3 .* between 1 and num_beams=2"),
-        ({"length_penalty": 11.0}, "length_penalty=11.0 must be between -10 and 10"),
     ],
 )
 def test_translate_refuses_settings_that_cannot_work_as_the_commands_do(tiny_tokenizer, settings, message):
@@ -116,6 +115,16 @@ def test_translate_refuses_settings_that_cannot_work_as_the_commands_do(tiny_tok
         with pytest.raises(TranslationInputError, match=message):
             call()
             pytest.fail(f"{name} accepted {settings}")
+
+
+def test_the_commands_refuse_more_beams_than_they_take_where_the_library_does_not(tiny_tokenizer):
+    """The commands and the server cap the beams and the length penalty (a request's cost); translate() does not."""
+    model = tiny_model(tiny_tokenizer, max_position_embeddings=24)
+    engine = TranslationEngine(tiny_tokenizer, model=model)
+    for settings, message in (({"num_beams": 17}, "between 1 and 16"), ({"length_penalty": 11.0}, "-10 and 10")):
+        with pytest.raises(TranslationInputError, match=message):
+            engine.translate(["a dog"], **settings)
+        assert len(translate(model, tiny_tokenizer, ["a dog"], **settings)) == 1
 
 
 def test_the_names_of_0_3_still_work_and_warn(tiny_tokenizer):

@@ -13,12 +13,13 @@ from ..errors import MissingExtra, ModelNotFound, TranslationInputError, UserErr
 from ..export.folder import check_tokenizer_files
 from ..model import TransformerConfig, TransformerForConditionalGeneration
 from .attention_maps import AttentionMaps, attention_maps
-from .translate import MAX_BEAMS as MAX_BEAMS  # re-exported: the server's limit on a request's beams
 from .translate import Translation, check_decoding_settings, translate
 
 if TYPE_CHECKING:
     from ..export.ctranslate2 import CTranslate2Translator
 
+# The most beams a command or a request may ask for: beam search costs memory and time in proportion.
+MAX_BEAMS = 16
 # What transformers' exporter writes beside the programs of `export --format onnx`: it names them and their inputs.
 ONNX_MANIFEST = "export.json"
 
@@ -92,9 +93,14 @@ class TranslationEngine:
     def check_settings(
         self, num_beams: int | None = None, length_penalty: float | None = None, num_return_sequences: int = 1
     ) -> None:
-        """Refuse decoding settings that cannot work, naming the setting and its range (`check_decoding_settings`), and
-        n-best lists of a CTranslate2 model."""
-        check_decoding_settings(self.generation_config, num_beams, length_penalty, num_return_sequences)
+        """Refuse decoding settings that cannot work or that the commands and the server do not take, naming the
+        setting and its range (`check_decoding_settings`, at most `MAX_BEAMS` beams), and n-best lists of a CTranslate2
+        model."""
+        if num_beams is not None and not 1 <= num_beams <= MAX_BEAMS:
+            raise TranslationInputError(f"num_beams={num_beams} must be between 1 and {MAX_BEAMS}")
+        if length_penalty is not None and not -10 <= length_penalty <= 10:
+            raise TranslationInputError(f"length_penalty={length_penalty} must be between -10 and 10")
+        check_decoding_settings(self.generation_config, num_beams, num_return_sequences)
         if num_return_sequences > 1:
             self.require_model("n-best lists")
 

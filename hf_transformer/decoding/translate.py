@@ -18,8 +18,6 @@ from ..token_budget import pack_token_budget
 MAX_LENGTH_OFFSET = 50
 # A score that never wins: what Hugging Face's beam search uses for "not a candidate".
 EXCLUDED = -1.0e9
-# The most beams a caller may ask for: beam search costs memory and time in proportion.
-MAX_BEAMS = 16
 
 
 class Hypothesis(NamedTuple):
@@ -91,18 +89,13 @@ def check_sentences(sentences: Sequence[str]) -> None:
 
 
 def check_decoding_settings(
-    generation_config: GenerationConfig,
-    num_beams: int | None = None,
-    length_penalty: float | None = None,
-    num_return_sequences: int = 1,
+    generation_config: GenerationConfig, num_beams: int | None = None, num_return_sequences: int = 1
 ) -> int:
-    """Refuse decoding settings that cannot work, naming the setting and its range, and return the number of beams
-    they give: `num_beams`, or where it is None the generation config's. The one check of `translate()`,
-    `beam_search` and `TranslationEngine` (the `translate`, `attention` and `serve` commands)."""
-    if num_beams is not None and not 1 <= num_beams <= MAX_BEAMS:
-        raise TranslationInputError(f"num_beams={num_beams} must be between 1 and {MAX_BEAMS}")
-    if length_penalty is not None and not -10 <= length_penalty <= 10:
-        raise TranslationInputError(f"length_penalty={length_penalty} must be between -10 and 10")
+    """Refuse a number of beams or an n-best list that cannot work, naming the setting and its range, and return the
+    number of beams: `num_beams`, or where it is None the generation config's. The one check of `translate()`,
+    `beam_search`, CTranslate2's and `TranslationEngine` (which adds the commands' limits)."""
+    if num_beams is not None and num_beams < 1:
+        raise TranslationInputError(f"num_beams={num_beams} must be at least 1")
     beams = (generation_config.num_beams or 1) if num_beams is None else num_beams
     if not 1 <= num_return_sequences <= beams:
         raise TranslationInputError(
@@ -168,7 +161,7 @@ def translate(
     translations: list[list[Translation]] = [[Translation("", 0.0, [])] for _ in sentences]
     todo, ids, truncated = prepare_sources(tokenizer, sentences, model.config.max_position_embeddings)
     n_best = 1 if num_return_sequences is None else num_return_sequences
-    num_beams = check_decoding_settings(model.generation_config, num_beams, length_penalty, n_best)
+    num_beams = check_decoding_settings(model.generation_config, num_beams, n_best)
     # Each sentence takes `num_beams` rows of the padded batch.
     for batch in pack_token_budget([num_beams * len(row) for row in ids], max_tokens):
         inputs = tokenizer.pad({"input_ids": [ids[i] for i in batch]}, return_tensors="pt").to(model.device)
@@ -231,7 +224,7 @@ def beam_search(
     """
     config = model.config
     eos, start = config.eos_token_id, config.decoder_start_token_id
-    k = check_decoding_settings(model.generation_config, num_beams, length_penalty, num_return_sequences)
+    k = check_decoding_settings(model.generation_config, num_beams, num_return_sequences)
     length_penalty = model.generation_config.length_penalty if length_penalty is None else length_penalty
     # + 1 for the decoder start token
     max_lengths = (attention_mask.sum(dim=1) + max_length_offset + 1).clamp(max=config.max_position_embeddings)

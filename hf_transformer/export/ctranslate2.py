@@ -133,7 +133,7 @@ class CTranslate2Translator:
     ) -> list[list[int]]:
         """The best hypothesis for each source (token ids, without padding), as token ids ending with </s> (or cut at
         the maximum length), without the decoder start token."""
-        num_beams = check_decoding_settings(self.generation_config, num_beams, length_penalty)
+        num_beams = check_decoding_settings(self.generation_config, num_beams)
         length_penalty = self.generation_config.length_penalty if length_penalty is None else length_penalty
         max_positions = self.tokenizer.model_max_length
         # The output limit depends on the source length, and CTranslate2 takes one per call: one call per length.
