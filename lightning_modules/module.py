@@ -222,9 +222,11 @@ class TranslationModule(pl.LightningModule):
         # all its translations, by `hf_transformer.scoring` (`on_test_epoch_end`).
         self.val_bleu = SacreBLEUScore(tokenize="13a")
         self.val_chrf = CHRFScore(n_word_order=0)
-        # The divisor of the optimizer step's summed losses, and this rank's target tokens in the step so far.
+        # The divisor of the optimizer step's summed losses, this rank's target tokens in the step so far and in the
+        # batch under way (`on_train_batch_start`).
         self._step_divisor: torch.Tensor | None = None
         self._step_tokens: torch.Tensor | None = None
+        self._batch_tokens: torch.Tensor | None = None
         self._samples: list[list[str]] = []
         self.val_samples: list[list[str]] = []  # [source, reference, hypothesis] rows of the last validation
         self._translations: list[tuple[int, str, str]] = []  # (line of the test split, hypothesis, reference)
@@ -259,7 +261,7 @@ class TranslationModule(pl.LightningModule):
         first micro-batch fixes one divisor for every rank (its target tokens over all ranks, per rank), so that DDP's
         mean of the ranks' gradients is the gradient of the tokens' sum over that count; `on_before_optimizer_step`
         corrects it to the count of the whole step where micro-batches were accumulated."""
-        tokens = (batch["labels"] != IGNORE_INDEX).sum()
+        tokens = self._batch_tokens = (batch["labels"] != IGNORE_INDEX).sum()
         if self._step_divisor is None:
             everywhere = self.trainer.strategy.reduce(tokens.clone(), reduce_op="sum")  # reduces in place
             self._step_divisor, self._step_tokens = everywhere / self.trainer.world_size, tokens
@@ -269,8 +271,10 @@ class TranslationModule(pl.LightningModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         # The data module's collate checked the ids on the CPU; checked again here, they would make the step wait
         # for the device (outside `training_loss`, which may be compiled).
-        tokens = (batch["labels"] != IGNORE_INDEX).sum()
-        divisor = tokens if self._step_divisor is None else self._step_divisor  # None: called outside a fit
+        if self._step_divisor is None:  # called outside a fit: the batch's own per-token loss
+            tokens = divisor = (batch["labels"] != IGNORE_INDEX).sum()
+        else:  # counted by `on_train_batch_start`
+            tokens, divisor = self._batch_tokens, self._step_divisor
         with token_ids_checked_by_caller():
             loss = self.training_loss(batch, divisor)
         per_token = loss.detach() * divisor / tokens

@@ -474,8 +474,13 @@ def test_a_carriage_return_inside_a_line_keeps_the_files_paired(tmp_path, suffix
     write_lines(tmp_path / f"train.de{suffix}", targets)
     pairs = load_split(str(tmp_path), None, "train", "en", "de")
     assert pairs["source_text"] == sources and pairs["target_text"] == targets
-    # The lines are cached by `datasets`: a file changed in place is read again.
-    write_lines(tmp_path / f"train.de{suffix}", [target.upper() for target in targets])
+    # The lines are cached by `datasets`: a file changed in place is read again. Its new modification time is set a
+    # second later, as an edit would be: the clock that stamps files ticks in milliseconds, and the same size and time
+    # within one tick would be taken for the same file.
+    edited = tmp_path / f"train.de{suffix}"
+    earlier = edited.stat().st_mtime_ns
+    write_lines(edited, [target.upper() for target in targets])
+    os.utime(edited, ns=(earlier + 10**9, earlier + 10**9))
     assert load_split(str(tmp_path), None, "train", "en", "de")["target_text"] == [t.upper() for t in targets]
 
 

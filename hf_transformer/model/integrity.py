@@ -72,10 +72,13 @@ def check_attention_mask(
 ) -> None:
     """Raise a readable error when a 2-D attention mask is not [batch, length] of the tokens it masks (`masked`):
     otherwise attention fails deep inside torch, or masks the wrong positions without an error. 4-D masks, prepared by
-    the caller, pass unchecked. Skipped under `torch.compile` (with a static cache the length is a tensor)."""
+    the caller, pass unchecked, and so does a length that is a tensor (a static cache's), whose read would make every
+    decoding step wait for the device."""
     if attention_mask is None or attention_mask.dim() != 2 or torch.compiler.is_compiling():
         return
-    expected = tuple(int(size) for size in expected_shape)
+    if any(isinstance(size, torch.Tensor) for size in expected_shape):
+        return
+    expected = tuple(expected_shape)
     if tuple(attention_mask.shape) != expected:
         raise ValueError(
             f"{name} has shape {tuple(attention_mask.shape)}, but {masked} has shape {expected} ([batch, length]): a "

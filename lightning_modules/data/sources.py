@@ -236,11 +236,7 @@ def _load_table_file(path: Path, source_lang: str, target_lang: str) -> Dataset:
     builder, options = TABLE_FORMATS[kind]
     # The json builder stores bytes that are not UTF-8 without complaint (the other readers refuse them): only its
     # rows are checked string by string, a scan of the whole text that would slow every later run of large data.
-    data = _read_file(
-        path,
-        builder,
-        lambda: _load_dataset_file(builder, path, **options),
-    )
+    data = _read_file(path, builder, lambda: _load_dataset_file(builder, path, **options))
     return to_pairs(data, source_lang, target_lang, origin=str(path), files=[path], check_utf8=builder == "json")
 
 
