@@ -289,6 +289,12 @@ def test_translate_command_n_best_alignments_and_reference(checkpoint, tmp_path,
     err = capsys.readouterr().err
     assert "sacreBLEU" in err and "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in err
     assert err.count("100.00") >= 4 and "multi-bleu.perl -lc" in err  # the references of themselves, every score
+    assert "Moses tokenizer (en)" in err and "compounds split" not in err  # ref.txt names no language
+
+    (tmp_path / "ref.de").write_text((tmp_path / "ref.txt").read_text())
+    main(["translate", str(checkpoint), str(tmp_path / "in.txt"), "--reference", str(tmp_path / "ref.de")])
+    err = capsys.readouterr().err
+    assert "Moses tokenizer (de)" in err and "compounds split" in err  # the language the file's name gives
 
 
 def test_translate_command_warns_naming_the_lines_it_cut(tiny_tokenizer, checkpoint, tmp_path, capsys):

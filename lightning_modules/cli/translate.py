@@ -46,7 +46,16 @@ def main(argv: list[str]) -> None:
             engine.require_model("alignments")
         hypotheses = translate_lines(engine, sources, output, args)
     if references is not None:
-        print_scores(hypotheses, references, args.reference, args.target_lang)
+        print_scores(hypotheses, references, args.reference, args.target_lang or reference_language(args.reference))
+
+
+def reference_language(path: str) -> str:
+    """The language of a reference file named as corpora name theirs (`test_2016_flickr.de`, `newstest2014.de`): its
+    extension where the Moses tokenizer knows that language, else English, tokenizer.perl's default."""
+    from sacremoses.corpus import NonbreakingPrefixes
+
+    extension = Path(path).suffix.lstrip(".").lower()
+    return extension if extension in NonbreakingPrefixes().available_langs.values() else "en"
 
 
 def _check_output(output: Path, inputs: list[Path]) -> None:
@@ -246,10 +255,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--target-lang",
-        default="en",
         metavar="LANG",
         help="the references' language, for the Moses tokenization of the tokenized BLEU (de adds the compound-split "
-        "BLEU of WMT14 en-de papers; default: en)",
+        "BLEU of WMT14 en-de papers; default: the reference file's extension where it names a language, as in "
+        "test_2016_flickr.de, else en)",
     )
     parser.add_argument(
         "--alignments",
