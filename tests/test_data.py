@@ -21,6 +21,8 @@ import pytest
 import torch
 from conftest import multi30k_dir
 from lightning.pytorch.callbacks import ModelCheckpoint
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
 
 import lightning_modules.data.datamodule as datamodule_module
 from hf_transformer.errors import DataError
@@ -342,6 +344,64 @@ def test_multi30k_vocabulary_keeps_punctuation_apart_from_words(multi30k):
 
 
 # ---------------------------------------------------------------------------------------------------- BPE-dropout
+def test_bpe_dropout_without_a_stream_is_refused_naming_the_fix():
+    with pytest.raises(DataError, match="data.bpe_dropout=0.1 .* set data.streaming to true"):
+        TranslationDataModule(**SMALL, bpe_dropout=0.1)
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0])
+def test_bpe_dropout_that_is_no_probability_is_refused(value):
+    with pytest.raises(DataError, match=r"data.bpe_dropout=.* is not a probability in \[0, 1\)"):
+        TranslationDataModule(**SMALL, bpe_dropout=value)
+
+
+def repeated_sentences(folder: Path) -> list[str]:
+    """train/validation/test jsonl files of the same 60 sentences (German: the English upper-cased)."""
+    folder.mkdir()
+    sentences = [" ".join(["a dog runs on the grass"] * (1 + index % 3)) + f" {index}" for index in range(60)]
+    for split in ("train", "validation", "test"):
+        write_jsonl(folder / f"{split}.jsonl", [{"en": text, "de": text.upper()} for text in sentences])
+    return sentences
+
+
+def test_bpe_dropout_with_a_tokenizer_that_is_not_bpe_is_refused(tmp_path):
+    repeated_sentences(tmp_path / "data")
+    words = Tokenizer(models.WordLevel({"<pad>": 0, "</s>": 1, "<unk>": 2, "a": 3}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    words.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", eos_token="</s>")
+    tokenizer.save_pretrained(tmp_path / "words")
+    with pytest.raises(DataError, match="is a WordLevel model: set data.bpe_dropout to 0"):
+        local_module(tmp_path / "data", tokenizer=str(tmp_path / "words"), streaming=True, bpe_dropout=0.1)
+
+
+def test_a_stream_with_bpe_dropout_segments_its_pairs_anew_and_plans_batches_on_those_segmentations(tmp_path):
+    """Each pass segments every pair into more pieces than the full merges, differently from the last, in batches
+    within the budget counted on those pieces; the text is unchanged; evaluation keeps all merges."""
+    sentences = repeated_sentences(tmp_path / "data")
+    settings = {"max_tokens": 120, "max_source_positions": 40, "max_target_positions": 40}
+    dm = local_module(
+        tmp_path / "data", streaming=True, bpe_dropout=0.3, tokenizer_dir=str(tmp_path / "tok"), **settings
+    )
+    dm.trainer = pl.Trainer(max_steps=1000, logger=False, enable_checkpointing=False)
+    tokenizer, passes = dm.tokenizer, []
+    loader = iter(dm.train_dataloader())  # endless: Lightning stops it at max_steps
+    for _ in range(2):
+        segmented = {}
+        while len(segmented) < len(sentences):
+            batch = next(loader)
+            assert batch["input_ids"].numel() <= 120 and batch["labels"].numel() <= 120
+            for source, mask in zip(batch["input_ids"], batch["attention_mask"], strict=True):
+                ids = source[mask.bool()].tolist()
+                segmented[tokenizer.decode(ids, skip_special_tokens=True)] = ids
+        passes.append(segmented)
+    assert set(passes[0]) == set(passes[1]) == set(sentences)
+    full = {text: tokenizer(text)["input_ids"] for text in sentences}
+    assert sum(map(len, passes[0].values())) > sum(map(len, full.values()))
+    assert sum(passes[0][text] != passes[1][text] for text in sentences) > len(sentences) // 2
+    for batch in dm.val_dataloader():
+        for source, mask, text in zip(batch["input_ids"], batch["attention_mask"], batch["source_text"], strict=True):
+            assert source[mask.bool()].tolist() == full[text]
 
 
 # ----------------------------------------------------------------------------------------------------- Lightning

@@ -24,6 +24,7 @@ from .streaming import StreamLoader, TokenBudgetStream, stream_split
 from .synthetic import SOURCE_LANG, TARGET_LANG, synthetic_splits
 from .tokenization import (
     backend_tokenizer,
+    check_bpe_dropout,
     check_trained_on,
     encode_ids,
     has_saved_tokenizer,
@@ -88,6 +89,10 @@ class TranslationDataModule(pl.LightningDataModule):
         tokenizer: an existing tokenizer (folder or Hub id) instead of training a BPE vocabulary.
         bpe_vocab_size: the size of the joint BPE vocabulary trained on the training split (37000 in the paper).
         bpe_min_frequency: how often a pair must occur to be merged.
+        bpe_dropout: BPE-dropout on the training pairs (Provilkov et al., 2020; 0.1 in their paper, 0: off): each
+            pass over the training split encodes it anew, skipping each merge with this probability, and plans its
+            batches on those segmentations, so that `max_tokens` holds; evaluation keeps all merges. It needs
+            `streaming`, which encodes pairs as it reads them.
         bpe_sample_size: the BPE vocabulary learns from this many training pairs, drawn at random (seeded by `seed`)
             from a larger split, so that a corpus of millions of pairs trains its tokenizer in minutes; null: all
             pairs.
@@ -122,6 +127,7 @@ class TranslationDataModule(pl.LightningDataModule):
         tokenizer: str | None = None,
         bpe_vocab_size: int = 8000,
         bpe_min_frequency: int = 2,
+        bpe_dropout: float = 0.0,
         bpe_sample_size: int | None = 1_000_000,
         streaming: bool = False,
         stream_buffer: int = 100_000,
@@ -147,6 +153,14 @@ class TranslationDataModule(pl.LightningDataModule):
                 "data.streaming reads a dataset of files or of the Hub; the synthetic task is made in memory: set "
                 "data.streaming to false"
             )
+        if not 0 <= bpe_dropout < 1:
+            raise DataError(f"data.bpe_dropout={bpe_dropout} is not a probability in [0, 1): use e.g. 0.1 (0: off)")
+        if bpe_dropout and not streaming:
+            raise DataError(
+                f"data.bpe_dropout={bpe_dropout} segments the training pairs anew on each pass and plans the batches "
+                "on those segmentations, which a stream does as it reads them: set data.streaming to true (a folder "
+                "of files streams as a Hub dataset does)"
+            )
         if max_tokens < max(max_source_positions, max_target_positions):
             raise DataError(
                 f"max_tokens={max_tokens} is smaller than max_source_positions={max_source_positions} or "
@@ -158,6 +172,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self.tokenizer: PreTrainedTokenizerFast = self._load_or_train_tokenizer()
         # Where the tokenizer can be loaded from (None until a trained one is saved with the run).
         self.tokenizer_location: str | None = tokenizer or tokenizer_dir
+        check_bpe_dropout(self.tokenizer, bpe_dropout)
         self._collator = TranslationCollator(
             self.tokenizer.pad_token_id, max_source_positions, max_target_positions, vocab_size=len(self.tokenizer)
         )
@@ -190,9 +205,10 @@ class TranslationDataModule(pl.LightningDataModule):
             split = f"the first {count:,} pairs of a shuffled stream of {split} (data.bpe_sample_size)"
         elif count < len(self.raw_pairs(hp.train_split)):
             split = f"a sample of {count:,} pairs of {split} (data.bpe_sample_size)"
+        at_most = "up to " if hp.streaming else ""  # a stream's length is known once it has been read
         rank_zero_info(
-            f"Training a {hp.bpe_vocab_size}-token BPE tokenizer on {split} ({2 * count:,} sentences, source "
-            "and target)"
+            f"Training a {hp.bpe_vocab_size}-token BPE tokenizer on {split} ({at_most}{2 * count:,} sentences, "
+            "source and target)"
         )
         rows = pairs.iter(batch_size=1000)
         sentences = (batch[side] for batch in rows for side in ("source_text", "target_text"))
@@ -429,10 +445,13 @@ class TranslationDataModule(pl.LightningDataModule):
         if not hp.streaming:
             return self._loader("train", ResumableDataLoader, hp.max_tokens, shuffle=True)
         rank, world_size = self._rank_and_world_size()
-        encoder = backend_tokenizer(self.tokenizer.backend_tokenizer.to_str())
+        # A stream encodes as it reads, so each pass draws new BPE-dropout segmentations and plans batches on them.
+        encode = functools.partial(
+            encode_ids, backend_tokenizer(self.tokenizer.backend_tokenizer.to_str(), hp.bpe_dropout)
+        )
         stream = TokenBudgetStream(
             self._train_stream(),
-            functools.partial(encode_ids, encoder),
+            encode,
             hp.max_tokens,
             hp.max_source_positions,
             hp.max_target_positions,
