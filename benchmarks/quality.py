@@ -17,6 +17,7 @@ plot. The JSON in benchmarks/results/ holds every scored run, one entry per reci
 import argparse
 import csv
 import dataclasses
+import inspect
 import itertools
 import json
 import statistics
@@ -31,6 +32,7 @@ from report import headline_recipe
 
 from hf_transformer import TransformerConfig, translate
 from hf_transformer.scoring import SACREBLEU, SACREBLEU_LOWERCASED, format_scores, translation_scores
+from lightning_modules import TranslationDataModule
 from lightning_modules.checkpoint import (
     average_checkpoints,
     last_checkpoints,
@@ -117,15 +119,36 @@ def model_changes(model: dict) -> list[str]:
     ]
 
 
+# The data settings that change what a run learns from (the budget's max_tokens is named in every recipe): a run that
+# changes one is another recipe, as one that changes a model setting is.
+RECIPE_DATA_FIELDS = ("bpe_vocab_size", "bpe_min_frequency", "bpe_dropout", "max_sentences")
+
+
+def data_changes(data: dict) -> list[str]:
+    """The settings of `RECIPE_DATA_FIELDS` in which a run's data differs from configs/multi30k.yaml's (or, where that
+    leaves one out, from the data module's default)."""
+    defaults = inspect.signature(TranslationDataModule).parameters
+    shipped = yaml.safe_load(RECIPE.read_text())["data"]
+
+    def value(settings: dict, name: str) -> object:
+        return settings.get(name, shipped.get(name, defaults[name].default))
+
+    return [
+        f"{name.replace('_', ' ')} {value(data, name)}"
+        for name in RECIPE_DATA_FIELDS
+        if value(data, name) != value(shipped, name)
+    ]
+
+
 def recipe(run: Path, version: str) -> str:
     """The settings of the run that tell recipes apart (the seed aside: a recipe's seeds are averaged), and the
     version that trained it."""
     settings = run_settings(run)
     model, trainer, data = (settings.get(key) or {} for key in ("model", "trainer", "data"))
     config = model.get("config") or {}
-    dropouts = ", ".join([f"dropout {config.get('dropout')}", *model_changes(model)])
+    changes = ", ".join([f"dropout {config.get('dropout')}", *model_changes(model), *data_changes(data)])
     return (
-        f"hf-transformer {version}: {dropouts}, warm-up {model.get('warmup_steps')}, peak lr {model.get('peak_lr')}, "
+        f"hf-transformer {version}: {changes}, warm-up {model.get('warmup_steps')}, peak lr {model.get('peak_lr')}, "
         f"{data.get('max_tokens')}-token batches, max_steps {trainer.get('max_steps')}, "
         f"{trainer.get('precision')} with {config.get('attn_implementation') or 'sdpa'} attention"
     )

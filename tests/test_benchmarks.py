@@ -136,23 +136,27 @@ def test_the_headline_is_the_recipe_of_most_seeds_not_a_setting_tried_last(monke
     assert headline_recipe([{"recipe": "earlier", "seed": 0}, {"recipe": "later", "seed": 0}]) == "later"
 
 
-def test_a_recipe_names_the_model_settings_it_changes(tmp_path, monkeypatch):
+def test_a_recipe_names_the_model_and_data_settings_it_changes(tmp_path, monkeypatch):
+    """A tried setting is another recipe, not another seed of the recipe (whose entry it would replace)."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     from quality import RECIPE, recipe
 
-    shipped = yaml.safe_load(RECIPE.read_text())["model"]
+    shipped = yaml.safe_load(RECIPE.read_text())
 
-    def named(changes: dict) -> str:
+    def named(changes: dict, data: dict | None = None) -> str:
         logs = tmp_path / "logs" / "version_0"
         logs.mkdir(parents=True, exist_ok=True)
-        model = {**shipped, "config": {**shipped["config"], **changes}, "warmup_steps": 2000}
-        settings = {"model": model, "trainer": {"max_steps": 8000}}
+        model = {**shipped["model"], "config": {**shipped["model"]["config"], **changes}, "warmup_steps": 2000}
+        settings = {"model": model, "trainer": {"max_steps": 8000}, "data": {**shipped["data"], **(data or {})}}
         (logs / "config.yaml").write_text(json.dumps(settings))  # JSON is YAML
         return recipe(tmp_path, "1.0")
 
-    assert "attention dropout" not in named({"dropout": 0.3, "attention_dropout": 0.0})
+    plain = named({"dropout": 0.3, "attention_dropout": 0.0})
+    assert "attention dropout" not in plain and "bpe" not in plain
+    assert named({"dropout": 0.3}, {"bpe_dropout": 0.0, "streaming": True, "dataset": "elsewhere"}) == plain
     tried = named({"dropout": 0.3, "attention_dropout": 0.1, "activation_dropout": 0.1})
     assert "dropout 0.3, attention dropout 0.1, activation dropout 0.1, warm-up 2000" in tried
+    assert "dropout 0.3, bpe dropout 0.1, warm-up 2000" in named({"dropout": 0.3}, {"bpe_dropout": 0.1})
 
 
 def test_padding_benchmark_runs(tmp_path):
