@@ -128,15 +128,12 @@ def data_changes(data: dict) -> list[str]:
     """The settings of `RECIPE_DATA_FIELDS` in which a run's data differs from configs/multi30k.yaml's (or, where that
     leaves one out, from the data module's default)."""
     defaults = inspect.signature(TranslationDataModule).parameters
-    shipped = yaml.safe_load(RECIPE.read_text())["data"]
-
-    def value(settings: dict, name: str) -> object:
-        return settings.get(name, shipped.get(name, defaults[name].default))
-
+    data_config = yaml.safe_load(RECIPE.read_text())["data"]
+    shipped = {name: data_config.get(name, defaults[name].default) for name in RECIPE_DATA_FIELDS}
     return [
-        f"{name.replace('_', ' ')} {value(data, name)}"
+        f"{name.replace('_', ' ')} {data.get(name, shipped[name])}"
         for name in RECIPE_DATA_FIELDS
-        if value(data, name) != value(shipped, name)
+        if data.get(name, shipped[name]) != shipped[name]
     ]
 
 
