@@ -1,6 +1,6 @@
 """Translation quality of a Multi30k run: every score papers report, on test_2016_flickr and each later Multi30k test
-set in the folder, for the last checkpoint and the average of the last N, with the decoding settings (beam size,
-length penalty) chosen on `val`, never on test.
+set in the folder, for the last checkpoint and the average of the last N, with N (of those `--average` lists) and the
+decoding settings (beam size, length penalty) chosen on `val`, never on test.
 
     hf-transformer fit --config configs/multi30k.yaml
     MULTI30K_DIR=path/to/multi30k python benchmarks/quality.py --run-dir runs/multi30k
@@ -22,6 +22,7 @@ import itertools
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -83,6 +84,23 @@ def tune_decoding(
     best = max(grid, key=grid.get)
     num_beams, length_penalty = best.removeprefix("beam ").split(", length penalty ")
     return {"num_beams": int(num_beams), "length_penalty": float(length_penalty), "val_grid": grid}, results[best]
+
+
+def choose_average(
+    folder: Path, counts: list[int], val: Callable[[dict], tuple[dict, dict]]
+) -> tuple[list[Path], dict, tuple[dict, dict], dict[str, float]]:
+    """Of the averages of the last N step checkpoints, for each N of `counts`, the one that `val` (`tune_decoding`)
+    scores highest: its checkpoints, the averaged checkpoint, its `val` result, and each N's best val score."""
+    grid, best = {}, None
+    for count in counts:
+        paths = last_checkpoints(folder, count)
+        average = average_checkpoints(paths)
+        on_val = val(average)
+        grid[f"last {count}"] = max(on_val[0]["val_grid"].values())
+        print(f"val: the average of the last {count}: {grid[f'last {count}']:.2f}")
+        if best is None or grid[f"last {count}"] > best[0]:  # one model held at a time: the best so far
+            best = grid[f"last {count}"], paths, average, on_val
+    return *best[1:], grid
 
 
 def training_minutes(checkpoint: dict) -> float | None:
@@ -216,7 +234,9 @@ def learning_curve(runs: list[dict], out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", default="runs/multi30k")
-    parser.add_argument("--average", type=int, default=10, help="average this many last checkpoints")
+    parser.add_argument(
+        "--average", default="10", help="average this many last checkpoints; several (5,10,20): the one best on val"
+    )
     parser.add_argument("--beams", default="4,5", help="beam sizes to try on val")
     parser.add_argument("--length-penalties", default="1.0,1.3,1.6", help="length penalties to try on val")
     parser.add_argument("--limit", type=int, default=None, help="score only the first N sentences of each split")
@@ -234,10 +254,15 @@ def main() -> None:
     args = parser.parse_args()
     run = Path(args.run_dir)
     last = load_checkpoint(run / "checkpoints" / "last.ckpt")
-    averaged_paths = last_checkpoints(run / "checkpoints", args.average)
-    checkpoints = {"last_checkpoint": last, "average": average_checkpoints(averaged_paths)}
     beams = [int(beam) for beam in args.beams.split(",")]
     penalties = [float(penalty) for penalty in args.length_penalties.split(",")]
+    counts = [int(count) for count in args.average.split(",")]
+
+    def val(checkpoint: dict) -> tuple[dict, dict]:
+        return tune_decoding(checkpoint, beams, penalties, args.max_tokens, args.limit, args.select_on)
+
+    averaged_paths, average, average_on_val, averaging_grid = choose_average(run / "checkpoints", counts, val)
+    checkpoints = {"last_checkpoint": (last, val(last)), "average": (average, average_on_val)}
 
     version = last.get("hf_transformer_version", "an unknown version")
     throughput = last.get("callbacks", {}).get("TranslationThroughput", {})
@@ -251,11 +276,11 @@ def main() -> None:
         "target_tokens_per_sec": median_rate(metrics),
         "device": device_name("cpu") if not torch.cuda.is_available() else device_name("cuda"),
         "averaged_checkpoints": [path.name for path in averaged_paths],
+        "averaging_grid": averaging_grid,
         "learning_curve": curves(metrics),
     }
     tests = test_splits("en", "de")
-    for key, checkpoint in checkpoints.items():
-        decoding, best_on_val = tune_decoding(checkpoint, beams, penalties, args.max_tokens, args.limit, args.select_on)
+    for key, (checkpoint, (decoding, best_on_val)) in checkpoints.items():
         settings = {"num_beams": decoding["num_beams"], "length_penalty": decoding["length_penalty"]}
         results = {"val": best_on_val}
         for split in tests:

@@ -177,7 +177,7 @@ def test_quality_report_runs_on_a_short_run(run_dir):
         "--run-dir",
         "runs/demo",
         "--average",
-        "2",
+        "1,2",
         "--beams",
         "4",
         "--length-penalties",
@@ -191,7 +191,11 @@ def test_quality_report_runs_on_a_short_run(run_dir):
         cwd=run_dir,
     )
     (report,) = json.loads(out.read_text())["runs"]
-    assert {"last_checkpoint", "average"} <= set(report) and len(report["averaged_checkpoints"]) == 2
+    assert {"last_checkpoint", "average"} <= set(report)
+    grid = report["averaging_grid"]  # each average's best val score; the one chosen is the best
+    assert set(grid) == {"last 1", "last 2"} and all(0 <= value <= 100 for value in grid.values())
+    chosen = len(report["averaged_checkpoints"])
+    assert grid[f"last {chosen}"] == max(grid.values()) == report["average"]["val"]["scores"]["sacreBLEU, lowercased"]
     assert report["steps"] == 6 and report["target_tokens"] > 0 and report["seed"] == 0
     last = report["last_checkpoint"]  # one decoding tried; val chose it on its lowercased score
     assert list(last["decoding"]["val_grid"].values()) == [last["val"]["scores"]["sacreBLEU, lowercased"]]
