@@ -41,6 +41,7 @@ from lightning_modules.checkpoint import (
     model_from_checkpoint,
     tokenizer_from_checkpoint,
 )
+from lightning_modules.cli.models import positive_int
 from lightning_modules.module import model_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -231,14 +232,41 @@ def learning_curve(runs: list[dict], out: Path) -> None:
     figure.savefig(out, dpi=110)
 
 
+def comma_separated(cast: Callable[[str], int | float], kind: str) -> Callable[[str], list]:
+    """An argparse type: a comma-separated list of `cast` values ("5,10,20"), each a `kind`."""
+
+    def parse(text: str) -> list:
+        try:
+            return [cast(value) for value in text.split(",")]
+        except (ValueError, argparse.ArgumentTypeError) as error:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: each comma-separated value must be a {kind} ({error})"
+            ) from None
+
+    return parse
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", default="runs/multi30k")
     parser.add_argument(
-        "--average", default="10", help="average this many last checkpoints; several (5,10,20): the one best on val"
+        "--average",
+        type=comma_separated(positive_int, "whole number of at least 1"),
+        default="10",
+        help="average this many last checkpoints; several (5,10,20): the one best on val",
     )
-    parser.add_argument("--beams", default="4,5", help="beam sizes to try on val")
-    parser.add_argument("--length-penalties", default="1.0,1.3,1.6", help="length penalties to try on val")
+    parser.add_argument(
+        "--beams",
+        type=comma_separated(positive_int, "whole number of at least 1"),
+        default="4,5",
+        help="beam sizes to try on val",
+    )
+    parser.add_argument(
+        "--length-penalties",
+        type=comma_separated(float, "number"),
+        default="1.0,1.3,1.6",
+        help="length penalties to try on val",
+    )
     parser.add_argument("--limit", type=int, default=None, help="score only the first N sentences of each split")
     parser.add_argument("--max-tokens", type=int, default=8192)
     parser.add_argument(
@@ -254,14 +282,11 @@ def main() -> None:
     args = parser.parse_args()
     run = Path(args.run_dir)
     last = load_checkpoint(run / "checkpoints" / "last.ckpt")
-    beams = [int(beam) for beam in args.beams.split(",")]
-    penalties = [float(penalty) for penalty in args.length_penalties.split(",")]
-    counts = [int(count) for count in args.average.split(",")]
 
     def val(checkpoint: dict) -> tuple[dict, dict]:
-        return tune_decoding(checkpoint, beams, penalties, args.max_tokens, args.limit, args.select_on)
+        return tune_decoding(checkpoint, args.beams, args.length_penalties, args.max_tokens, args.limit, args.select_on)
 
-    averaged_paths, average, average_on_val, averaging_grid = choose_average(run / "checkpoints", counts, val)
+    averaged_paths, average, average_on_val, averaging_grid = choose_average(run / "checkpoints", args.average, val)
     checkpoints = {"last_checkpoint": (last, val(last)), "average": (average, average_on_val)}
 
     version = last.get("hf_transformer_version", "an unknown version")

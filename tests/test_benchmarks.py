@@ -1,6 +1,7 @@
 """Smoke tests: every benchmark script runs end to end at a tiny size, so the scripts never rot. No timing is
 asserted: speed is reported by running the scripts by hand (see README.md)."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -125,6 +126,20 @@ def test_a_seed_scored_again_replaces_its_entry_and_others_are_kept(monkeypatch)
     runs = add_run(add_run([], {"recipe": "a", "seed": 0, "bleu": 1}), {"recipe": "a", "seed": 1, "bleu": 2})
     runs = add_run(add_run(runs, {"recipe": "b", "seed": 0, "bleu": 3}), {"recipe": "a", "seed": 0, "bleu": 4})
     assert [(run["recipe"], run["seed"], run["bleu"]) for run in runs] == [("a", 1, 2), ("b", 0, 3), ("a", 0, 4)]
+
+
+def test_quality_settings_lists_are_checked_naming_the_value(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from quality import comma_separated
+
+    from lightning_modules.cli.models import positive_int
+
+    counts = comma_separated(positive_int, "whole number of at least 1")
+    assert counts("5,10,20") == [5, 10, 20] and comma_separated(float, "number")("1.0,1.3") == [1.0, 1.3]
+    with pytest.raises(argparse.ArgumentTypeError, match="'5,0': each comma-separated value must be a whole number"):
+        counts("5,0")  # the last 0 checkpoints would have been all of them
+    with pytest.raises(argparse.ArgumentTypeError, match="'5,x'"):
+        counts("5,x")
 
 
 def test_the_headline_is_the_recipe_of_most_seeds_not_a_setting_tried_last(monkeypatch):
