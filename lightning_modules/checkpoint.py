@@ -276,6 +276,8 @@ def check_one_run(paths: list[str | Path], run_ids: list[str | None]) -> None:
 def last_checkpoints(folder: str | Path, count: int) -> list[Path]:
     """The `count` most recent step checkpoints in `folder` (by global step), oldest first. An unreadable file is
     skipped with a warning that names it."""
+    if count < 1:  # the last 0 would be all of them ([-0:])
+        raise ValueError(f"the number of checkpoints to average must be at least 1, got {count}")
     steps = {}
     for path in Path(folder).glob("*.ckpt"):
         if path.stem.startswith(("last", "on_exception")):

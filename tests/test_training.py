@@ -32,6 +32,7 @@ from lightning_modules.checkpoint import (
     AtomicCheckpointIO,
     average_checkpoints,
     averaging_span_warning,
+    last_checkpoints,
     load_checkpoint,
     model_from_checkpoint,
     save_atomically,
@@ -936,6 +937,8 @@ def test_export_refuses_to_overwrite_a_folder_or_a_file_and_names_a_short_averag
         "asked to average 10 checkpoints but runs/demo/checkpoints holds 1 (steps 3): average at "
         "most 1 (--average 1), or keep more in the next run (save_top_k of the checkpoint callback)"
     )
+    with pytest.raises(ValueError, match="checkpoints to average must be at least 1, got 0"):
+        last_checkpoints("runs/demo/checkpoints", 0)  # the last 0 would be all of them
 
 
 def test_a_model_folder_with_a_bad_config_or_no_tokenizer_is_named_before_anything_is_written(run_dir, capsys):
