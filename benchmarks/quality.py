@@ -97,10 +97,11 @@ def choose_average(
         paths = last_checkpoints(folder, count)
         average = average_checkpoints(paths)
         on_val = val(average)
-        grid[f"last {count}"] = max(on_val[0]["val_grid"].values())
-        print(f"val: the average of the last {count}: {grid[f'last {count}']:.2f}")
-        if best is None or grid[f"last {count}"] > best[0]:  # one model held at a time: the best so far
-            best = grid[f"last {count}"], paths, average, on_val
+        key = f"last {count}"
+        grid[key] = max(on_val[0]["val_grid"].values())
+        print(f"val: the average of the last {count}: {grid[key]:.2f}")
+        if best is None or grid[key] > best[0]:  # one model held at a time: the best so far
+            best = grid[key], paths, average, on_val
     return *best[1:], grid
 
 
