@@ -18,6 +18,11 @@ PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 # Installs are kept between runs (about 250 MB and 15 s each): a fresh machine downloads them once.
 INSTALLS = Path.home() / ".cache" / "hf-transformer-tests"
 UNREACHABLE = ("Could not find a version", "No matching distribution", "NewConnectionError", "Temporary failure")
+# Packages that the environment's transformers requires and an older release only imports where they are installed,
+# failing with today's versions (transformers 5.4 constructs kernels' LayerRepository without the revision that
+# kernels 0.17 and later ask for). A user of that release has them only if installed by hand: where the release does
+# not require one, a package of the same name in its folder, first on the path, hides it.
+OPTIONAL_FOR_OLDER_RELEASES = ("kernels",)
 
 
 def install_transformers(version: str) -> str:
@@ -25,6 +30,7 @@ def install_transformers(version: str) -> str:
     environment's), or skip the test saying why when the package registry cannot be reached."""
     folder = INSTALLS / f"transformers-{version}"
     if (folder / "complete").exists():
+        hide_what_the_release_does_not_require(folder, version)
         return str(folder)
     pip_install = [sys.executable, "-m", "pip", "install", "-q", "--upgrade"]  # --upgrade: over a broken install
     result = subprocess.run(
@@ -38,7 +44,25 @@ def install_transformers(version: str) -> str:
             pytest.skip(f"cannot install transformers=={version} from the package registry: {result.stderr[-300:]}")
         raise AssertionError(result.stderr[-3000:])
     (folder / "complete").touch()
+    hide_what_the_release_does_not_require(folder, version)
     return str(folder)
+
+
+def hide_what_the_release_does_not_require(folder: Path, version: str) -> None:
+    """Hide from transformers==version in `folder` each of `OPTIONAL_FOR_OLDER_RELEASES` that its metadata does not
+    require (extras aside), as if it were not installed."""
+    metadata = (folder / f"transformers-{version}.dist-info" / "METADATA").read_text()
+    required = {
+        re.split(r"[ <>=!~;\[(]", line.removeprefix("Requires-Dist:").strip())[0].lower()
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:") and "extra ==" not in line
+    }
+    for name in OPTIONAL_FOR_OLDER_RELEASES:
+        if name not in required:
+            (folder / name).mkdir(exist_ok=True)
+            (folder / name / "__init__.py").write_text(
+                f"raise ImportError('{name} is hidden: transformers=={version} does not require it')\n"
+            )
 
 
 @pytest.fixture
