@@ -48,9 +48,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 RATE = "throughput/target_tokens_per_sec"
 
 
-def score(checkpoint: dict, sources: list[str], references: list[str], max_tokens: int, **decoding) -> dict:
-    """Translate `sources` with the checkpoint's model and score the translations against `references`."""
-    model, tokenizer = model_from_checkpoint(checkpoint), tokenizer_from_checkpoint(checkpoint)
+def score(
+    checkpoint: dict, sources: list[str], references: list[str], max_tokens: int, device: str, **decoding
+) -> dict:
+    """Translate `sources` with the checkpoint's model on `device` and score the translations against `references`."""
+    model, tokenizer = model_from_checkpoint(checkpoint).to(device), tokenizer_from_checkpoint(checkpoint)
     started = time.perf_counter()
     hypotheses = translate(model, tokenizer, sources, max_tokens=max_tokens, **decoding)
     seconds = time.perf_counter() - started
@@ -69,7 +71,13 @@ def score(checkpoint: dict, sources: list[str], references: list[str], max_token
 
 
 def tune_decoding(
-    checkpoint: dict, beams: list[int], penalties: list[float], max_tokens: int, limit: int | None, select_on: str
+    checkpoint: dict,
+    beams: list[int],
+    penalties: list[float],
+    max_tokens: int,
+    limit: int | None,
+    select_on: str,
+    device: str,
 ) -> tuple[dict, dict]:
     """The beam size and length penalty with the best `select_on` score on `val`, every setting's val score, and the
     best setting's val result (`score`)."""
@@ -78,7 +86,7 @@ def tune_decoding(
     for num_beams, length_penalty in itertools.product(beams, penalties):
         setting = f"beam {num_beams}, length penalty {length_penalty}"
         results[setting] = score(
-            checkpoint, sources, references, max_tokens, num_beams=num_beams, length_penalty=length_penalty
+            checkpoint, sources, references, max_tokens, device, num_beams=num_beams, length_penalty=length_penalty
         )
         grid[setting] = results[setting]["scores"][select_on]
         print(f"val: {setting}: {select_on} {grid[setting]:.2f}")
@@ -271,6 +279,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="score only the first N sentences of each split")
     parser.add_argument("--max-tokens", type=int, default=8192)
     parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="where to translate (default: the GPU where there is one)",
+    )
+    parser.add_argument(
         "--select-on",
         default=SACREBLEU,
         choices=[SACREBLEU, SACREBLEU_LOWERCASED],
@@ -279,13 +292,19 @@ def main() -> None:
     parser.add_argument(
         "--recipe", help="what the run trained, for the results pages (default: its settings and the version)"
     )
+    parser.add_argument(
+        "--trained-on",
+        help="where the run trained, for the results pages (default: this machine's GPU, else its CPU)",
+    )
     parser.add_argument("--out", default=str(RESULTS / "multi30k.json"))
     args = parser.parse_args()
     run = Path(args.run_dir)
     last = load_checkpoint(run / "checkpoints" / "last.ckpt")
 
     def val(checkpoint: dict) -> tuple[dict, dict]:
-        return tune_decoding(checkpoint, args.beams, args.length_penalties, args.max_tokens, args.limit, args.select_on)
+        return tune_decoding(
+            checkpoint, args.beams, args.length_penalties, args.max_tokens, args.limit, args.select_on, args.device
+        )
 
     averaged_paths, average, average_on_val, averaging_grid = choose_average(run / "checkpoints", args.average, val)
     checkpoints = {"last_checkpoint": (last, val(last)), "average": (average, average_on_val)}
@@ -300,7 +319,7 @@ def main() -> None:
         "target_tokens": throughput.get("trained_target_tokens"),
         "training_minutes": training_minutes(last),
         "target_tokens_per_sec": median_rate(metrics),
-        "device": device_name("cpu") if not torch.cuda.is_available() else device_name("cuda"),
+        "device": args.trained_on or device_name("cuda" if torch.cuda.is_available() else "cpu"),
         "averaged_checkpoints": [path.name for path in averaged_paths],
         "averaging_grid": averaging_grid,
         "learning_curve": curves(metrics),
@@ -311,7 +330,7 @@ def main() -> None:
         results = {"val": best_on_val}
         for split in tests:
             sources, references = read_split(split, "en")[: args.limit], read_split(split, "de")[: args.limit]
-            results[split] = score(checkpoint, sources, references, args.max_tokens, **settings)
+            results[split] = score(checkpoint, sources, references, args.max_tokens, args.device, **settings)
         val = results["val"]["scores"][args.select_on]
         gaps = {split: results[split]["scores"][args.select_on] - val for split in tests}
         entry[key] = {"decoding": decoding, **results, "val_to_test_gap": gaps}

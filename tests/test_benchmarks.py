@@ -201,12 +201,17 @@ def test_quality_report_runs_on_a_short_run(run_dir):
         "8",
         "--select-on",
         "sacreBLEU, lowercased",
+        "--device",
+        "cpu",
+        "--trained-on",
+        "a GPU for steps 1-3, this CPU after",
         "--out",
         str(out),
         cwd=run_dir,
     )
     (report,) = json.loads(out.read_text())["runs"]
     assert {"last_checkpoint", "average"} <= set(report)
+    assert report["device"] == "a GPU for steps 1-3, this CPU after"  # where it trained, not where it was scored
     grid = report["averaging_grid"]  # each average's best val score; the one chosen is the best
     assert set(grid) == {"last 1", "last 2"} and all(0 <= value <= 100 for value in grid.values())
     chosen = len(report["averaged_checkpoints"])
