@@ -138,8 +138,8 @@ class TransformerModelTest(ModelTesterMixin, GenerationTesterMixin, unittest.Tes
         self.model_tester = TransformerModelTester(self)
         self.config_tester = ConfigTester(self, config_class=TransformerConfig, has_text_modality=False)
         # The shared GenerationTesterMixin (transformers 5.16) asks each model class whether it keeps a recurrent state
-        # (which assisted and padding-free decoding cannot use); transformers 5.25 removed the attribute with the
-        # models that set it. Ours keeps none: the answer 5.16's PreTrainedModel gave.
+        # (which assisted decoding and packed inputs cannot use), and 5.25's PreTrainedModel no longer defines the
+        # attribute. Ours keeps none: False, the default that 5.16's PreTrainedModel gave.
         for model_class in self.all_model_classes:
             if not hasattr(model_class, "_is_stateful"):
                 patcher = mock.patch.object(model_class, "_is_stateful", False, create=True)

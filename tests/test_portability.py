@@ -20,8 +20,8 @@ INSTALLS = Path.home() / ".cache" / "hf-transformer-tests"
 UNREACHABLE = ("Could not find a version", "No matching distribution", "NewConnectionError", "Temporary failure")
 # Packages that the environment's transformers requires and an older release only imports where they are installed,
 # failing with today's versions (transformers 5.4 constructs kernels' LayerRepository without the revision that
-# kernels 0.17 and later ask for). A user of that release has them only if installed by hand: where the release does
-# not require one, a package of the same name in its folder, first on the path, hides it.
+# kernels 0.17.2, 0.18.3 and 0.19.1 ask for, tried 2026-12-04). A user of that release has them only if installed by
+# hand: where the release does not require one, a package of the same name in its folder, first on the path, hides it.
 OPTIONAL_FOR_OLDER_RELEASES = ("kernels",)
 
 
