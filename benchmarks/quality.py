@@ -256,6 +256,7 @@ def comma_separated(cast: Callable[[str], int | float], kind: str) -> Callable[[
 
 
 def main() -> None:
+    here = "cuda" if torch.cuda.is_available() else "cpu"
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", default="runs/multi30k")
     parser.add_argument(
@@ -280,7 +281,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=8192)
     parser.add_argument(
         "--device",
-        default="cuda" if torch.cuda.is_available() else "cpu",
+        default=here,
         help="where to translate (default: the GPU where there is one)",
     )
     parser.add_argument(
@@ -319,7 +320,7 @@ def main() -> None:
         "target_tokens": throughput.get("trained_target_tokens"),
         "training_minutes": training_minutes(last),
         "target_tokens_per_sec": median_rate(metrics),
-        "device": args.trained_on or device_name("cuda" if torch.cuda.is_available() else "cpu"),
+        "device": args.trained_on or device_name(here),
         "averaged_checkpoints": [path.name for path in averaged_paths],
         "averaging_grid": averaging_grid,
         "learning_curve": curves(metrics),

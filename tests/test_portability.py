@@ -5,11 +5,14 @@ dependencies into a separate folder; an older release stops with a message namin
 import re
 import subprocess
 import sys
+from importlib.metadata import PathDistribution
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import assert_continues_under_both_cache_names, load_without_the_package
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from hf_transformer import TransformerForConditionalGeneration
 from hf_transformer.model.configuration_transformer import MIN_TRANSFORMERS_VERSION
@@ -51,11 +54,11 @@ def install_transformers(version: str) -> str:
 def hide_what_the_release_does_not_require(folder: Path, version: str) -> None:
     """Hide from transformers==version in `folder` each of `OPTIONAL_FOR_OLDER_RELEASES` that its metadata does not
     require (extras aside), as if it were not installed."""
-    metadata = (folder / f"transformers-{version}.dist-info" / "METADATA").read_text()
+    requirements = map(Requirement, PathDistribution(folder / f"transformers-{version}.dist-info").requires or [])
     required = {
-        re.split(r"[ <>=!~;\[(]", line.removeprefix("Requires-Dist:").strip())[0].lower()
-        for line in metadata.splitlines()
-        if line.startswith("Requires-Dist:") and "extra ==" not in line
+        canonicalize_name(requirement.name)
+        for requirement in requirements
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""})
     }
     for name in OPTIONAL_FOR_OLDER_RELEASES:
         if name not in required:
