@@ -30,8 +30,9 @@ import yaml
 from machine import device_name
 from multi30k import read_split, test_splits
 from report import headline_recipe
+from transformers import PreTrainedTokenizerFast
 
-from hf_transformer import TransformerConfig, translate
+from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, translate
 from hf_transformer.scoring import SACREBLEU, SACREBLEU_LOWERCASED, format_scores, translation_scores
 from lightning_modules import TranslationDataModule
 from lightning_modules.checkpoint import (
@@ -46,13 +47,13 @@ from lightning_modules.module import model_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RATE = "throughput/target_tokens_per_sec"
+Translator = tuple[TransformerForConditionalGeneration, PreTrainedTokenizerFast]
 
 
-def score(
-    checkpoint: dict, sources: list[str], references: list[str], max_tokens: int, device: str, **decoding
-) -> dict:
-    """Translate `sources` with the checkpoint's model on `device` and score the translations against `references`."""
-    model, tokenizer = model_from_checkpoint(checkpoint).to(device), tokenizer_from_checkpoint(checkpoint)
+def score(translator: Translator, sources: list[str], references: list[str], max_tokens: int, **decoding) -> dict:
+    """Translate `sources` with `translator` (a model and its tokenizer, `load`) and score the translations against
+    `references`."""
+    model, tokenizer = translator
     started = time.perf_counter()
     hypotheses = translate(model, tokenizer, sources, max_tokens=max_tokens, **decoding)
     seconds = time.perf_counter() - started
@@ -70,6 +71,11 @@ def score(
     }
 
 
+def load(checkpoint: dict, device: str) -> Translator:
+    """The checkpoint's model on `device` and its tokenizer: built once, then decoded with each setting and split."""
+    return model_from_checkpoint(checkpoint).to(device), tokenizer_from_checkpoint(checkpoint)
+
+
 def tune_decoding(
     checkpoint: dict,
     beams: list[int],
@@ -82,11 +88,11 @@ def tune_decoding(
     """The beam size and length penalty with the best `select_on` score on `val`, every setting's val score, and the
     best setting's val result (`score`)."""
     sources, references = read_split("val", "en")[:limit], read_split("val", "de")[:limit]
-    grid, results = {}, {}
+    translator, grid, results = load(checkpoint, device), {}, {}
     for num_beams, length_penalty in itertools.product(beams, penalties):
         setting = f"beam {num_beams}, length penalty {length_penalty}"
         results[setting] = score(
-            checkpoint, sources, references, max_tokens, device, num_beams=num_beams, length_penalty=length_penalty
+            translator, sources, references, max_tokens, num_beams=num_beams, length_penalty=length_penalty
         )
         grid[setting] = results[setting]["scores"][select_on]
         print(f"val: {setting}: {select_on} {grid[setting]:.2f}")
@@ -328,10 +334,10 @@ def main() -> None:
     tests = test_splits("en", "de")
     for key, (checkpoint, (decoding, best_on_val)) in checkpoints.items():
         settings = {"num_beams": decoding["num_beams"], "length_penalty": decoding["length_penalty"]}
-        results = {"val": best_on_val}
+        results, translator = {"val": best_on_val}, load(checkpoint, args.device)
         for split in tests:
             sources, references = read_split(split, "en")[: args.limit], read_split(split, "de")[: args.limit]
-            results[split] = score(checkpoint, sources, references, args.max_tokens, args.device, **settings)
+            results[split] = score(translator, sources, references, args.max_tokens, **settings)
         val = results["val"]["scores"][args.select_on]
         gaps = {split: results[split]["scores"][args.select_on] - val for split in tests}
         entry[key] = {"decoding": decoding, **results, "val_to_test_gap": gaps}
