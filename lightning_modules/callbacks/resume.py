@@ -170,8 +170,8 @@ class ResumableCheckpoint(ModelCheckpoint):
         def stop_after_this_step(number: int, frame: Any) -> None:
             self._release_ctrl_c()  # a second Ctrl-C stops at once
             self._stopped_by = signal.SIGINT
-            # The flag that Lightning's SIGTERM handler sets, behind the read-only `trainer.received_sigterm`: the one
-            # private name here. Lightning 2.6 has no public way to ask for its stop at the end of a step (which its
+            # The flag that Lightning's SIGTERM handler sets, behind the read-only `trainer.received_sigterm`: a private
+            # name, as Lightning 2.6 has no public way to ask for its stop at the end of a step (which its
             # loops check, and broadcast from rank 0 under DDP); calling its SIGTERM handler instead would signal the
             # other ranks and run a collective inside this handler on every rank that Ctrl-C reaches.
             trainer._signal_connector.received_sigterm = True
