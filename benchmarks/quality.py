@@ -34,7 +34,7 @@ from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, translate
 from hf_transformer.scoring import SACREBLEU, SACREBLEU_LOWERCASED, format_scores, translation_scores
-from lightning_modules import TranslationDataModule
+from lightning_modules import TranslationDataModule, TranslationModule
 from lightning_modules.checkpoint import (
     average_checkpoints,
     last_checkpoints,
@@ -77,18 +77,17 @@ def load(checkpoint: dict, device: str) -> Translator:
 
 
 def tune_decoding(
-    checkpoint: dict,
+    translator: Translator,
     beams: list[int],
     penalties: list[float],
     max_tokens: int,
     limit: int | None,
     select_on: str,
-    device: str,
 ) -> tuple[dict, dict]:
     """The beam size and length penalty with the best `select_on` score on `val`, every setting's val score, and the
     best setting's val result (`score`)."""
     sources, references = read_split("val", "en")[:limit], read_split("val", "de")[:limit]
-    translator, grid, results = load(checkpoint, device), {}, {}
+    grid, results = {}, {}
     for num_beams, length_penalty in itertools.product(beams, penalties):
         setting = f"beam {num_beams}, length penalty {length_penalty}"
         results[setting] = score(
@@ -102,17 +101,18 @@ def tune_decoding(
 
 
 def choose_average(
-    folder: Path, counts: list[int], val: Callable[[dict], tuple[dict, dict]]
-) -> tuple[list[Path], dict, tuple[dict, dict], dict[str, float]]:
-    """Of the averages of the last N step checkpoints, for each N of `counts`, the one that `val` (`tune_decoding`)
-    scores highest: its checkpoints, the averaged checkpoint, its `val` result, and each N's best val score."""
+    folder: Path, counts: list[int], val: Callable[[dict], tuple[Translator, dict, dict]]
+) -> tuple[list[Path], dict, tuple[Translator, dict, dict], dict[str, float]]:
+    """Of the averages of the last N step checkpoints, for each N of `counts`, the one that `val` (`tune_decoding` of
+    its `load`ed model) scores highest: its checkpoints, the averaged checkpoint, its `val` result, and each N's best
+    val score."""
     grid, best = {}, None
     for count in counts:
         paths = last_checkpoints(folder, count)
         average = average_checkpoints(paths)
         on_val = val(average)
         key = f"last {count}"
-        grid[key] = max(on_val[0]["val_grid"].values())
+        grid[key] = max(on_val[1]["val_grid"].values())
         print(f"val: the average of the last {count}: {grid[key]:.2f}")
         if best is None or grid[key] > best[0]:  # one model held at a time: the best so far
             best = grid[key], paths, average, on_val
@@ -171,13 +171,32 @@ def data_changes(data: dict) -> list[str]:
     ]
 
 
+# The training module's settings that change what a run learns and that the recipe's name does not state already.
+RECIPE_TRAINING_FIELDS = ("cooldown_steps", "weight_decay")
+
+
+def training_changes(model: dict) -> list[str]:
+    """The settings of `RECIPE_TRAINING_FIELDS` in which a run differs from configs/multi30k.yaml's (or, where that
+    leaves one out, from the training module's default)."""
+    defaults = inspect.signature(TranslationModule).parameters
+    shipped_model = yaml.safe_load(RECIPE.read_text())["model"]
+    shipped = {name: shipped_model.get(name, defaults[name].default) for name in RECIPE_TRAINING_FIELDS}
+    return [
+        f"{name.replace('_', ' ')} {model.get(name, shipped[name])}"
+        for name in RECIPE_TRAINING_FIELDS
+        if model.get(name, shipped[name]) != shipped[name]
+    ]
+
+
 def recipe(run: Path, version: str) -> str:
     """The settings of the run that tell recipes apart (the seed aside: a recipe's seeds are averaged), and the
     version that trained it."""
     settings = run_settings(run)
     model, trainer, data = (settings.get(key) or {} for key in ("model", "trainer", "data"))
     config = model.get("config") or {}
-    changes = ", ".join([f"dropout {config.get('dropout')}", *model_changes(model), *data_changes(data)])
+    changes = ", ".join(
+        [f"dropout {config.get('dropout')}", *model_changes(model), *training_changes(model), *data_changes(data)]
+    )
     return (
         f"hf-transformer {version}: {changes}, warm-up {model.get('warmup_steps')}, peak lr {model.get('peak_lr')}, "
         f"{data.get('max_tokens')}-token batches, max_steps {trainer.get('max_steps')}, "
@@ -308,9 +327,11 @@ def main() -> None:
     run = Path(args.run_dir)
     last = load_checkpoint(run / "checkpoints" / "last.ckpt")
 
-    def val(checkpoint: dict) -> tuple[dict, dict]:
-        return tune_decoding(
-            checkpoint, args.beams, args.length_penalties, args.max_tokens, args.limit, args.select_on, args.device
+    def val(checkpoint: dict) -> tuple[Translator, dict, dict]:
+        """The checkpoint's model, built once for val and the test sets, and its decoding chosen on val."""
+        translator = load(checkpoint, args.device)
+        return translator, *tune_decoding(
+            translator, args.beams, args.length_penalties, args.max_tokens, args.limit, args.select_on
         )
 
     averaged_paths, average, average_on_val, averaging_grid = choose_average(run / "checkpoints", args.average, val)
@@ -332,9 +353,9 @@ def main() -> None:
         "learning_curve": curves(metrics),
     }
     tests = test_splits("en", "de")
-    for key, (checkpoint, (decoding, best_on_val)) in checkpoints.items():
+    for key, (checkpoint, (translator, decoding, best_on_val)) in checkpoints.items():
         settings = {"num_beams": decoding["num_beams"], "length_penalty": decoding["length_penalty"]}
-        results, translator = {"val": best_on_val}, load(checkpoint, args.device)
+        results = {"val": best_on_val}
         for split in tests:
             sources, references = read_split(split, "en")[: args.limit], read_split(split, "de")[: args.limit]
             results[split] = score(translator, sources, references, args.max_tokens, **settings)

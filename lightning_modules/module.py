@@ -27,7 +27,7 @@ from .callbacks.progress import telling_samples
 from .callbacks.resume import ExactResume
 from .checkpoint import check_same_model, tokenizer_from_checkpoint, tokenizer_state
 from .data.tokenization import model_vocabulary
-from .schedules import inverse_sqrt_lr_lambda, noam_lr_lambda
+from .schedules import inverse_sqrt_lr_lambda, noam_lr_lambda, with_cooldown
 
 # The logged name of each score of `hf_transformer.scoring` that a test logs.
 TEST_METRICS = {score: f"test/{name}" for name, score in LOGGED_SCORES.items()}
@@ -79,7 +79,7 @@ def model_config(
 
 # Training-module arguments of hf-transformer 0.3 that 0.4 dropped (experiments that measured no gain), with the value
 # that left them off: a checkpoint saved with that value resumes as it was trained.
-RETIRED_ARGUMENTS = {"cooldown_steps": 0, "rdrop_alpha": 0.0}
+RETIRED_ARGUMENTS = {"rdrop_alpha": 0.0}
 
 
 def retired_arguments_dropped(hparams: dict[str, Any]) -> dict[str, Any]:
@@ -143,10 +143,21 @@ def check_training_settings(hparams: dict[str, Any]) -> None:
         "eps": (lambda value: value > 0, "must be positive (the paper uses 1e-9)"),
         "betas": (lambda value: all(0 <= beta < 1 for beta in value), "must both be in [0, 1) (the paper: 0.9, 0.98)"),
         "weight_decay": (lambda value: value >= 0, "must be at least 0"),
+        "cooldown_steps": (lambda value: value >= 0, "must be at least 0 (0: no cool-down)"),
     }
     for name, (is_valid, rule) in rules.items():
         if not is_valid(hparams[name]):
             raise ConfigError(f"model.{name}={hparams[name]!r} {rule}")
+
+
+def check_cooldown(hparams: dict[str, Any], max_steps: int) -> None:
+    """Refuse a cool-down that does not fit between the warm-up and `trainer.max_steps` (also -1: no step limit)."""
+    needed = hparams["warmup_steps"] + hparams["cooldown_steps"]
+    if hparams["cooldown_steps"] and max_steps < needed:
+        raise ConfigError(
+            f"model.cooldown_steps={hparams['cooldown_steps']} needs trainer.max_steps ({max_steps}) of at least "
+            f"model.warmup_steps + model.cooldown_steps ({needed}): the cool-down ends at trainer.max_steps"
+        )
 
 
 def check_module_arguments(arguments: dict[str, Any]) -> None:
@@ -177,6 +188,8 @@ class TranslationModule(pl.LightningModule):
         betas: Adam's beta1 and beta2 (0.9 and 0.98 in the paper).
         eps: Adam's epsilon (1e-9 in the paper).
         weight_decay: AdamW's decoupled weight decay (none in the paper).
+        cooldown_steps: the last `cooldown_steps` of `trainer.max_steps` decay the learning rate linearly to 0; 0 (the
+            paper) keeps the inverse square root to the end.
         generation: GenerationConfig fields for validation and the saved model, over the paper's beam 4 and length
             penalty 0.6, e.g. {num_beams: 2}.
         compile: run the training loss (forward, loss and the loss's gradients) as one `torch.compile` graph with
@@ -195,6 +208,7 @@ class TranslationModule(pl.LightningModule):
         betas: tuple[float, float] = (0.9, 0.98),
         eps: float = 1e-9,
         weight_decay: float = 0.0,
+        cooldown_steps: int = 0,
         generation: dict[str, Any] | None = None,
         compile: bool = False,
     ):
@@ -312,6 +326,9 @@ class TranslationModule(pl.LightningModule):
             lr_lambda = noam_lr_lambda(self.model.config.d_model, hparams.warmup_steps)
         else:
             lr_lambda = inverse_sqrt_lr_lambda(hparams.peak_lr, hparams.warmup_steps)
+        if hparams.cooldown_steps:
+            check_cooldown(hparams, self.trainer.max_steps)
+            lr_lambda = with_cooldown(lr_lambda, hparams.cooldown_steps, self.trainer.max_steps)
         # One fused kernel for all parameters on GPUs, where Lightning allows it (an eager step's optimizer update is
         # a large share of its GPU time); one multi-tensor loop elsewhere.
         fused = self.device.type == "cuda" and fused_adam_allowed(

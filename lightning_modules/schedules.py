@@ -21,6 +21,21 @@ def inverse_sqrt_lr_lambda(peak_lr: float, warmup_steps: int) -> Callable[[int],
     return lr_lambda
 
 
+def with_cooldown(lr_lambda: Callable[[int], float], cooldown_steps: int, max_steps: int) -> Callable[[int], float]:
+    """`lr_lambda` until `cooldown_steps` before `max_steps`, then a straight line from its value there to 0 at
+    `max_steps` (the cool-down of warm-up-stable-decay schedules, Hägele et al. 2024, "Scaling Laws and Compute-Optimal
+    Training Beyond Fixed Training Durations"): a run of known length ends at a low learning rate, where the inverse
+    square root alone would still be high."""
+    start = max_steps - cooldown_steps
+
+    def cooled(step: int) -> float:
+        if step < start:
+            return lr_lambda(step)
+        return lr_lambda(start) * max(0.0, (max_steps - step) / cooldown_steps)
+
+    return cooled
+
+
 def noam_lr_lambda(d_model: int, warmup_steps: int) -> Callable[[int], float]:
     """The paper's lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (section 5.3, eq. 3): the inverse square
     root curve with its peak, (d_model * warmup)^-0.5, at step `warmup_steps`."""

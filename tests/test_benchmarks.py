@@ -158,10 +158,11 @@ def test_a_recipe_names_the_model_and_data_settings_it_changes(tmp_path, monkeyp
 
     shipped = yaml.safe_load(RECIPE.read_text())
 
-    def named(changes: dict, data: dict | None = None) -> str:
+    def named(changes: dict, data: dict | None = None, training: dict | None = None) -> str:
         logs = tmp_path / "logs" / "version_0"
         logs.mkdir(parents=True, exist_ok=True)
-        model = {**shipped["model"], "config": {**shipped["model"]["config"], **changes}, "warmup_steps": 2000}
+        config = {**shipped["model"]["config"], **changes}
+        model = {**shipped["model"], "config": config, "warmup_steps": 2000, **(training or {})}
         settings = {"model": model, "trainer": {"max_steps": 8000}, "data": {**shipped["data"], **(data or {})}}
         (logs / "config.yaml").write_text(json.dumps(settings))  # JSON is YAML
         return recipe(tmp_path, "1.0")
@@ -172,6 +173,9 @@ def test_a_recipe_names_the_model_and_data_settings_it_changes(tmp_path, monkeyp
     tried = named({"dropout": 0.3, "attention_dropout": 0.1, "activation_dropout": 0.1})
     assert "dropout 0.3, attention dropout 0.1, activation dropout 0.1, warm-up 2000" in tried
     assert "dropout 0.3, bpe dropout 0.1, warm-up 2000" in named({"dropout": 0.3}, {"bpe_dropout": 0.1})
+    assert named({"dropout": 0.3}, training={"cooldown_steps": 0}) == plain
+    cooled = named({"dropout": 0.3}, training={"cooldown_steps": 3000})
+    assert "dropout 0.3, cooldown steps 3000, warm-up 2000" in cooled
 
 
 def test_padding_benchmark_runs(tmp_path):

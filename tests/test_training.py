@@ -251,6 +251,8 @@ def test_config_errors_are_reported_before_any_work(run_dir):
         ("--model.config.encoder_attention_heads=3", "model.config: TransformerConfig"),
         ("--trainer.max_step=3", "did you mean --trainer.max_steps?"),  # an abbreviation is refused, not expanded
         ("--model.warmup_steps=0", "model.warmup_steps=0 must be at least 1"),
+        ("--model.cooldown_steps=-1", "model.cooldown_steps=-1 must be at least 0"),
+        ("--model.cooldown_steps=1100", "model.cooldown_steps=1100 needs trainer.max_steps (1200) of at least"),
         ("--model.config.label_smoothing=1.5", "TransformerConfig.label_smoothing must be in [0, 1), got 1.5"),
         ("--data.dataset=./no/such/folder", "no/such/folder does not exist"),
         ("--trainer.enable_checkpointing=false", "every run checkpoints (to resume, to average, to export)"),
@@ -634,9 +636,9 @@ def test_a_run_trained_further_after_max_steps_is_the_run_that_never_stopped(run
 
 
 def test_a_0_3_checkpoint_resumes_where_its_retired_arguments_were_off(run_dir):
-    """0.4 dropped the training module's cooldown_steps and rdrop_alpha: a checkpoint of 0.3 that left them off (every
-    shipped config did) resumes from its file, also its module arguments, which LightningCLI reads back; one trained
-    with R-Drop is refused, naming the setting."""
+    """0.4 dropped the training module's rdrop_alpha (and cooldown_steps, which came back): a checkpoint of 0.3 that
+    left them off (every shipped config did) resumes from its file, also its module arguments, which LightningCLI reads
+    back; one trained with R-Drop is refused, naming the setting."""
     fit("--trainer.max_steps=3")
     checkpoint = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")
     checkpoint["hf_transformer_version"] = "0.3.0"

@@ -20,6 +20,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hf_transformer.errors import ConfigError
 from hf_transformer.model import loss
 from hf_transformer.model.loss import linear_cross_entropy, translation_loss
 from lightning_modules import TranslationDataModule, TranslationModule
@@ -252,6 +253,33 @@ def test_learning_rate_of_each_update_is_the_schedules_formula(peak):
     for update in (1, 2, warmup - 1, warmup, warmup + 1, 2 * warmup, 4 * warmup):
         assert learning_rates[update] == pytest.approx(formula(update), rel=1e-12), update
     assert max(learning_rates, key=learning_rates.get) == warmup
+
+
+def test_cooldown_decays_the_schedule_linearly_to_zero_at_max_steps():
+    """With cooldown_steps, the inverse square root holds until `cooldown_steps` before trainer.max_steps, then the
+    rate falls on a straight line whose next point, after the last update, is 0; a cool-down that would overlap the
+    warm-up is refused, naming both settings."""
+    warmup, cooldown, max_steps, peak = 10, 20, 50, 3e-3
+    module = tiny_module(warmup_steps=warmup, peak_lr=peak, cooldown_steps=cooldown)
+    module.trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_checkpointing=False)
+    optimization = module.configure_optimizers()
+    optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
+    learning_rates = []
+    for _ in range(max_steps):
+        learning_rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    start = max_steps - cooldown
+    inverse_sqrt = [peak * min(k / warmup, math.sqrt(warmup / k)) for k in range(1, start + 2)]
+    assert learning_rates[: start + 1] == pytest.approx(inverse_sqrt, rel=1e-12)  # updates 1 to start + 1
+    decay = torch.tensor(learning_rates[start:], dtype=torch.float64)
+    steps = torch.diff(decay)
+    assert torch.allclose(steps, steps[0].expand_as(steps), rtol=1e-9)  # then a straight line...
+    assert decay[-1].item() == pytest.approx(-steps[0].item(), rel=1e-9)  # ...to 0 one update after the last
+
+    module.trainer = pl.Trainer(max_steps=warmup + cooldown - 1, logger=False, enable_checkpointing=False)
+    with pytest.raises(ConfigError, match=r"model.cooldown_steps=20 needs trainer.max_steps \(29\) of at least"):
+        module.configure_optimizers()
 
 
 def test_throughput_reads_nothing_from_the_device_between_the_steps_that_log(monkeypatch):

@@ -24,6 +24,7 @@ from ..checkpoint import read_checkpoint
 from ..data import TranslationDataModule
 from ..module import (
     TranslationModule,
+    check_cooldown,
     check_module_arguments,
     check_resumable,
     model_config,
@@ -169,6 +170,8 @@ class TranslationCLI(LightningCLI):
         # The data module is built first (the model takes the vocabulary from it) and trains a tokenizer: check the
         # training settings before that work.
         check_module_arguments(config.model)
+        if self.subcommand == "fit":
+            check_cooldown(config.model, config.trainer.max_steps)
         if config.trainer.enable_checkpointing is False:
             raise ConfigError(
                 "trainer.enable_checkpointing=false: every run checkpoints (to resume, to average, to export); write "
