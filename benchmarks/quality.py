@@ -153,38 +153,22 @@ def model_changes(model: dict) -> list[str]:
     ]
 
 
-# The data settings that change what a run learns from (the budget's max_tokens is named in every recipe): a run that
-# changes one is another recipe, as one that changes a model setting is.
+# The settings that change what a run learns from and that the recipe's name does not state already (the budget's
+# max_tokens is named in every recipe): a run that changes one is another recipe, as one changing a model setting is.
 RECIPE_DATA_FIELDS = ("bpe_vocab_size", "bpe_min_frequency", "bpe_dropout", "max_sentences")
-
-
-def data_changes(data: dict) -> list[str]:
-    """The settings of `RECIPE_DATA_FIELDS` in which a run's data differs from configs/multi30k.yaml's (or, where that
-    leaves one out, from the data module's default)."""
-    defaults = inspect.signature(TranslationDataModule).parameters
-    data_config = yaml.safe_load(RECIPE.read_text())["data"]
-    shipped = {name: data_config.get(name, defaults[name].default) for name in RECIPE_DATA_FIELDS}
-    return [
-        f"{name.replace('_', ' ')} {data.get(name, shipped[name])}"
-        for name in RECIPE_DATA_FIELDS
-        if data.get(name, shipped[name]) != shipped[name]
-    ]
-
-
-# The training module's settings that change what a run learns and that the recipe's name does not state already.
 RECIPE_TRAINING_FIELDS = ("cooldown_steps", "weight_decay")
 
 
-def training_changes(model: dict) -> list[str]:
-    """The settings of `RECIPE_TRAINING_FIELDS` in which a run differs from configs/multi30k.yaml's (or, where that
-    leaves one out, from the training module's default)."""
-    defaults = inspect.signature(TranslationModule).parameters
-    shipped_model = yaml.safe_load(RECIPE.read_text())["model"]
-    shipped = {name: shipped_model.get(name, defaults[name].default) for name in RECIPE_TRAINING_FIELDS}
+def setting_changes(settings: dict, section: str, fields: tuple[str, ...], component: type) -> list[str]:
+    """The `fields` in which a run's `settings` (its config's `section`: "data" or "model") differ from
+    configs/multi30k.yaml's (or, where that leaves one out, from the default of `component`, which takes them)."""
+    defaults = inspect.signature(component).parameters
+    shipped_section = yaml.safe_load(RECIPE.read_text())[section]
+    shipped = {name: shipped_section.get(name, defaults[name].default) for name in fields}
     return [
-        f"{name.replace('_', ' ')} {model.get(name, shipped[name])}"
-        for name in RECIPE_TRAINING_FIELDS
-        if model.get(name, shipped[name]) != shipped[name]
+        f"{name.replace('_', ' ')} {settings.get(name, shipped[name])}"
+        for name in fields
+        if settings.get(name, shipped[name]) != shipped[name]
     ]
 
 
@@ -195,7 +179,12 @@ def recipe(run: Path, version: str) -> str:
     model, trainer, data = (settings.get(key) or {} for key in ("model", "trainer", "data"))
     config = model.get("config") or {}
     changes = ", ".join(
-        [f"dropout {config.get('dropout')}", *model_changes(model), *training_changes(model), *data_changes(data)]
+        [
+            f"dropout {config.get('dropout')}",
+            *model_changes(model),
+            *setting_changes(model, "model", RECIPE_TRAINING_FIELDS, TranslationModule),
+            *setting_changes(data, "data", RECIPE_DATA_FIELDS, TranslationDataModule),
+        ]
     )
     return (
         f"hf-transformer {version}: {changes}, warm-up {model.get('warmup_steps')}, peak lr {model.get('peak_lr')}, "
