@@ -27,11 +27,12 @@ def with_cooldown(lr_lambda: Callable[[int], float], cooldown_steps: int, max_st
     Training Beyond Fixed Training Durations"): a run of known length ends at a low learning rate, where the inverse
     square root alone would still be high."""
     start = max_steps - cooldown_steps
+    at_start = lr_lambda(start)
 
     def cooled(step: int) -> float:
         if step < start:
             return lr_lambda(step)
-        return lr_lambda(start) * max(0.0, (max_steps - step) / cooldown_steps)
+        return at_start * max(0.0, (max_steps - step) / cooldown_steps)
 
     return cooled
 
