@@ -653,6 +653,29 @@ def test_a_0_3_checkpoint_resumes_where_its_retired_arguments_were_off(run_dir):
         fit("--trainer.max_steps=9", f"--ckpt_path={old}")
 
 
+def test_a_0_3_checkpoint_trained_with_a_cooldown_resumes_into_it_exactly(run_dir):
+    """A 0.3 run with a cool-down, interrupted inside it, resumes as the run that never stopped: the same weights, and
+    the learning rate at 0 at max_steps. The command names no cool-down: LightningCLI reads the module arguments back
+    from the checkpoint."""
+    fit(
+        "--trainer.max_steps=6",
+        "--model.warmup_steps=1",
+        "--model.cooldown_steps=3",
+        "--trainer.default_root_dir=uninterrupted",
+    )
+    checkpoint = load_checkpoint(run_dir / "uninterrupted/checkpoints/step000003.ckpt")
+    checkpoint["hf_transformer_version"] = "0.3.0"
+    checkpoint["hyper_parameters"]["rdrop_alpha"] = 0.0
+    old = run_dir / "old.ckpt"
+    torch.save(checkpoint, old)
+    fit("--trainer.max_steps=6", f"--ckpt_path={old}")
+    resumed = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")
+    uninterrupted = load_checkpoint(run_dir / "uninterrupted/checkpoints/last.ckpt")
+    assert resumed["global_step"] == 6 and resumed["lr_schedulers"][0]["_last_lr"] == [0.0]
+    for name, tensor in uninterrupted["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][name], tensor), name
+
+
 def test_a_torn_checkpoint_is_skipped_by_averaging_and_named_by_export_and_resume(run_dir, capsys):
     fit("--trainer.max_steps=9")
     folder = run_dir / "runs/demo/checkpoints"
