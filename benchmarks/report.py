@@ -67,6 +67,9 @@ def quality() -> str:
                 val, test = average["val"]["scores"], average[split]["scores"]
                 scores.append((val["sacreBLEU"], test["sacreBLEU"], test["tokenized BLEU, lowercased"]))
                 decoding = average["decoding"]
+                cells = [f"{value:.2f}" for value in scores[-1]]
+                if "sacrebleu_interval_95" in average[split]:  # runs scored before quality.py measured it have none
+                    cells[1] += f" ± {average[split]['sacrebleu_interval_95']:.2f}"
                 rows.append(
                     [
                         recipe,
@@ -75,7 +78,7 @@ def quality() -> str:
                         f"last {len(run['averaged_checkpoints'])}, beam {decoding['num_beams']}, length penalty "
                         f"{decoding['length_penalty']}",
                         split,
-                        *(f"{value:.2f}" for value in scores[-1]),
+                        *cells,
                         f"{average['val_to_test_gap'][split]:+.2f}",
                     ]
                 )

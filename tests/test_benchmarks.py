@@ -229,6 +229,7 @@ def test_quality_report_runs_on_a_short_run(run_dir):
     assert len(steps) == 3 and steps == sorted(steps) and steps[-1] < 6
     assert (run_dir / "quality_learning_curve.png").exists()
     assert set(report["last_checkpoint"]["test_2016_flickr"]["scores"]) >= {"sacreBLEU", "tokenized BLEU, lowercased"}
+    assert report["last_checkpoint"]["test_2016_flickr"]["sacrebleu_interval_95"] >= 0  # the test set's sampling
 
 
 @pytest.mark.slow

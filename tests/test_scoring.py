@@ -6,7 +6,7 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from hf_transformer.errors import UserError
-from hf_transformer.scoring import format_scores, sacrebleu_signatures, translation_scores
+from hf_transformer.scoring import format_scores, sacrebleu_interval, sacrebleu_signatures, translation_scores
 
 REFERENCES = ["Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.", "Ein Boston-Terrier läuft über Gras."]
 
@@ -86,3 +86,13 @@ def test_the_signatures_given_without_scoring_are_those_the_scores_carry() -> No
     assert signatures == {score.name: score.how for score in scores if score.name in signatures}
     assert set(signatures) == {"sacreBLEU", "sacreBLEU, lowercased", "chrF"}
     assert "smooth:exp" in signatures["sacreBLEU"]  # sacreBLEU's default, not torchmetrics' unsmoothed BLEU
+
+
+def test_the_confidence_interval_is_zero_without_doubt_and_narrows_with_more_sentences():
+    """sacreBLEU's bootstrap over the sentences: translations all right leave no doubt; half right, half wrong do, and
+    four times as many such sentences narrow the interval (by about half: it falls with the square root of the size)."""
+    assert sacrebleu_interval(REFERENCES * 10, REFERENCES * 10) == 0.0
+    wrong = ["Zwei Kinder spielen im Schnee.", "Eine Frau kocht Suppe in der Küche."]
+    few = sacrebleu_interval((REFERENCES + wrong) * 5, (REFERENCES + REFERENCES) * 5)
+    many = sacrebleu_interval((REFERENCES + wrong) * 20, (REFERENCES + REFERENCES) * 20)
+    assert 0 < many < few
