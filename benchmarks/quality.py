@@ -37,7 +37,6 @@ from hf_transformer.scoring import (
     SACREBLEU,
     SACREBLEU_LOWERCASED,
     format_scores,
-    sacrebleu_interval,
     translation_scores,
 )
 from lightning_modules import TranslationDataModule, TranslationModule
@@ -68,7 +67,7 @@ def score(translator: Translator, sources: list[str], references: list[str], max
         "decoding": decoding,
         "scores": {entry.name: entry.value for entry in scores},
         "how": {entry.name: entry.how for entry in scores},
-        "sacrebleu_interval_95": sacrebleu_interval(hypotheses, references),
+        "sacrebleu_interval_95": next(entry.interval for entry in scores if entry.name == SACREBLEU),
         "table": format_scores(scores),
         "translate_seconds": seconds,
         "examples": [
@@ -360,8 +359,7 @@ def main() -> None:
         entry[key] = {"decoding": decoding, **results, "val_to_test_gap": gaps}
         print(f"\n{key} (step {checkpoint['global_step']}), {settings} chosen on val")
         for split in tests:
-            interval = results[split]["sacrebleu_interval_95"]
-            print(f"{split}:\n{results[split]['table']}\n{SACREBLEU} 95% confidence interval: +-{interval:.2f}")
+            print(f"{split}:\n{results[split]['table']}")
             print(f"val -> {split} gap ({args.select_on}): {gaps[split]:+.2f}")
 
     minutes = f" ({entry['training_minutes']:.1f} min of training)" if entry["training_minutes"] else ""

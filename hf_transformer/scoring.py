@@ -13,7 +13,7 @@ published table knows which number to compare with.
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesTokenizer
@@ -35,6 +35,7 @@ class Score:
     name: str
     value: float
     how: str  # the signature or the procedure: what a published number must share to be compared with this one
+    interval: float | None = None  # the half-width of its 95% confidence interval over the sentences, where measured
 
 
 def _sacrebleu_metrics() -> dict[str, BLEU | CHRF]:
@@ -81,8 +82,12 @@ def sacrebleu_interval(hypotheses: list[str], references: list[str], resamples: 
 
 def translation_scores(hypotheses: list[str], references: list[str], target_lang: str) -> list[Score]:
     """Every score of `hypotheses` against one reference each (`sacrebleu_scores` and the tokenized BLEU of papers),
-    in the target language `target_lang` (an ISO code such as "de"; it picks the Moses tokenizer's rules)."""
-    scores = sacrebleu_scores(hypotheses, references)
+    in the target language `target_lang` (an ISO code such as "de"; it picks the Moses tokenizer's rules); sacreBLEU
+    with its 95% confidence interval (`sacrebleu_interval`)."""
+    scores = [
+        replace(score, interval=sacrebleu_interval(hypotheses, references)) if score.name == SACREBLEU else score
+        for score in sacrebleu_scores(hypotheses, references)
+    ]
     tokenizer = MosesTokenizer(lang=target_lang)
 
     def tokenized(texts: list[str], split_compounds: bool = False) -> list[str]:
@@ -112,6 +117,13 @@ def translation_scores(hypotheses: list[str], references: list[str], target_lang
 
 
 def format_scores(scores: list[Score]) -> str:
-    """One line per score: name, value and how it was computed."""
-    width = max(len(score.name) for score in scores)
-    return "\n".join(f"{score.name:<{width}}  {score.value:6.2f}  {score.how}" for score in scores)
+    """One line per score: name, value (± the half-width of its 95% confidence interval, where measured) and how it
+    was computed."""
+    values = [
+        f"{score.value:6.2f}" + (f" ± {score.interval:.2f}" if score.interval is not None else "") for score in scores
+    ]
+    name_width, value_width = max(len(score.name) for score in scores), max(map(len, values))
+    return "\n".join(
+        f"{score.name:<{name_width}}  {value:<{value_width}}  {score.how}"
+        for score, value in zip(scores, values, strict=True)
+    )

@@ -96,3 +96,15 @@ def test_the_confidence_interval_is_zero_without_doubt_and_narrows_with_more_sen
     few = sacrebleu_interval((REFERENCES + wrong) * 5, (REFERENCES + REFERENCES) * 5)
     many = sacrebleu_interval((REFERENCES + wrong) * 20, (REFERENCES + REFERENCES) * 20)
     assert 0 < many < few
+
+
+def test_the_scores_printed_carry_sacrebleus_interval():
+    # `hf-transformer test`, `translate --reference` and quality.py print these lines: sacreBLEU with its interval.
+    hypotheses = REFERENCES + ["Zwei Kinder spielen im Schnee.", "Eine Frau kocht Suppe in der Küche."]
+    references = REFERENCES * 2
+    scores = translation_scores(hypotheses * 5, references * 5, "de")
+    intervals = {score.name: score.interval for score in scores if score.interval is not None}
+    assert intervals == {"sacreBLEU": sacrebleu_interval(hypotheses * 5, references * 5)}
+    lines = format_scores(scores).splitlines()
+    assert f"± {intervals['sacreBLEU']:.2f}" in lines[0] and all("±" not in line for line in lines[1:])
+    assert len({line.index("nrefs:1") for line in lines[:2]}) == 1  # the "how" column stays aligned
