@@ -27,6 +27,7 @@ from .callbacks.progress import telling_samples
 from .callbacks.resume import ExactResume
 from .checkpoint import check_same_model, tokenizer_from_checkpoint, tokenizer_state
 from .data.tokenization import model_vocabulary
+from .rdrop import symmetric_kl_divergence
 from .schedules import inverse_sqrt_lr_lambda, noam_lr_lambda, with_cooldown
 
 # The logged name of each score of `hf_transformer.scoring` that a test logs.
@@ -77,38 +78,20 @@ def model_config(
         raise ConfigError(f"model.config: {err}") from err
 
 
-# Training-module arguments of hf-transformer 0.3 that 0.4 dropped (experiments that measured no gain), with the value
-# that left them off: a checkpoint saved with that value resumes as it was trained.
-RETIRED_ARGUMENTS = {"rdrop_alpha": 0.0}
-
-
-def retired_arguments_dropped(hparams: dict[str, Any]) -> dict[str, Any]:
-    """`hparams` without the retired arguments that are off (`RETIRED_ARGUMENTS`); `check_resumable` refuses the
-    others."""
-    return {name: value for name, value in hparams.items() if RETIRED_ARGUMENTS.get(name, object()) != value}
-
-
 def check_resumable(path: str, checkpoint: dict[str, Any]) -> None:
     """Refuse a checkpoint whose module arguments this version does not take, saying which version wrote it; its
     model still exports (`hf-transformer export` reads every version) and trains further with model.init_from."""
     accepted = set(inspect.signature(TranslationModule).parameters) | {"_instantiator", "_class_path"}
-    hparams = retired_arguments_dropped(checkpoint.get("hyper_parameters", {}))
-    unknown = sorted(set(hparams) - accepted)
+    unknown = sorted(set(checkpoint.get("hyper_parameters", {})) - accepted)
     if not unknown:
         return
     version = checkpoint.get("hf_transformer_version", "a version before 0.2.0")
-    retired = [f"model.{name}={hparams[name]!r}" for name in unknown if name in RETIRED_ARGUMENTS]
-    took = (
-        f"was trained with {', '.join(retired)}, which this version ({importlib.metadata.version('hf-transformer')}) "
-        "no longer has"
-        if retired
-        else f"was written by hf-transformer {version}, whose training module took {', '.join(unknown[:4])}; this "
-        f"version ({importlib.metadata.version('hf-transformer')}) takes every model setting, label smoothing "
-        "included, under model.preset and model.config"
-    )
     raise CheckpointError(
-        f"{path} {took}. Resume it with the version that wrote it ({version}), or export it (hf-transformer export "
-        f"{path} exports/old) and train on from that folder with --model.init_from exports/old."
+        f"{path} was written by hf-transformer {version}, whose training module took {', '.join(unknown[:4])}; this "
+        f"version ({importlib.metadata.version('hf-transformer')}) takes every model setting, label smoothing "
+        f"included, under model.preset and model.config. Resume it with the version that wrote it ({version}), or "
+        f"export it (hf-transformer export {path} exports/old) and train on from that folder with --model.init_from "
+        "exports/old."
     )
 
 
@@ -144,6 +127,7 @@ def check_training_settings(hparams: dict[str, Any]) -> None:
         "betas": (lambda value: all(0 <= beta < 1 for beta in value), "must both be in [0, 1) (the paper: 0.9, 0.98)"),
         "weight_decay": (lambda value: value >= 0, "must be at least 0"),
         "cooldown_steps": (lambda value: value >= 0, "must be at least 0 (0: no cool-down)"),
+        "rdrop_alpha": (lambda value: value >= 0, "must be at least 0 (0: no R-Drop; its authors' translation: 5)"),
     }
     for name, (is_valid, rule) in rules.items():
         if not is_valid(hparams[name]):
@@ -190,6 +174,10 @@ class TranslationModule(pl.LightningModule):
         weight_decay: AdamW's decoupled weight decay (none in the paper).
         cooldown_steps: the last `cooldown_steps` of `trainer.max_steps` decay the learning rate linearly to 0; 0 (the
             paper) keeps the inverse square root to the end.
+        rdrop_alpha: R-Drop's weight (`rdrop.py`): each step runs every pair of the batch twice, under two dropout
+            masks, and adds rdrop_alpha / 2 times the symmetric KL divergence of the two output distributions to the
+            two cross-entropies, per target token of the doubled batch; a step computes twice `data.max_tokens`. 0
+            (the paper): no R-Drop.
         generation: GenerationConfig fields for validation and the saved model, over the paper's beam 4 and length
             penalty 0.6, e.g. {num_beams: 2}.
         compile: run the training loss (forward, loss and the loss's gradients) as one `torch.compile` graph with
@@ -209,6 +197,7 @@ class TranslationModule(pl.LightningModule):
         eps: float = 1e-9,
         weight_decay: float = 0.0,
         cooldown_steps: int = 0,
+        rdrop_alpha: float = 0.0,
         generation: dict[str, Any] | None = None,
         compile: bool = False,
     ):
@@ -265,9 +254,19 @@ class TranslationModule(pl.LightningModule):
 
     def training_loss(self, batch: dict[str, Any], num_items_in_batch: torch.Tensor | None = None) -> torch.Tensor:
         """The model's loss on `batch`: label-smoothed cross-entropy (`config.label_smoothing`) summed over the target
-        tokens and divided by `num_items_in_batch`, by default the batch's own target tokens."""
+        tokens and divided by `num_items_in_batch`, by default the batch's own target tokens; with `rdrop_alpha`,
+        R-Drop's loss of the batch run twice, divided by twice that."""
         inputs = {name: batch[name] for name in ("input_ids", "attention_mask", "labels")}
-        return self.model(**inputs, num_items_in_batch=num_items_in_batch).loss
+        alpha = self.hparams.rdrop_alpha
+        if not alpha:
+            return self.model(**inputs, num_items_in_batch=num_items_in_batch).loss
+        if num_items_in_batch is None:
+            num_items_in_batch = (inputs["labels"] != IGNORE_INDEX).sum()
+        # One batch holding each pair twice: the two copies draw different dropout masks in one forward pass.
+        twice = {name: torch.cat([tensor, tensor]) for name, tensor in inputs.items()}
+        outputs = self.model(**twice, num_items_in_batch=2 * num_items_in_batch, return_logits=True)
+        divergence = symmetric_kl_divergence(outputs.logits, inputs["labels"])
+        return outputs.loss + alpha / 2 * divergence / (2 * num_items_in_batch)
 
     def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
         """Count the step's target tokens. Every token of an optimizer step weighs the same, as in the paper's

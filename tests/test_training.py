@@ -252,6 +252,7 @@ def test_config_errors_are_reported_before_any_work(run_dir):
         ("--trainer.max_step=3", "did you mean --trainer.max_steps?"),  # an abbreviation is refused, not expanded
         ("--model.warmup_steps=0", "model.warmup_steps=0 must be at least 1"),
         ("--model.cooldown_steps=-1", "model.cooldown_steps=-1 must be at least 0"),
+        ("--model.rdrop_alpha=-1", "model.rdrop_alpha=-1.0 must be at least 0"),
         ("--model.cooldown_steps=1100", "model.cooldown_steps=1100 needs trainer.max_steps (1200) of at least"),
         ("--model.config.label_smoothing=1.5", "TransformerConfig.label_smoothing must be in [0, 1), got 1.5"),
         ("--data.dataset=./no/such/folder", "no/such/folder does not exist"),
@@ -635,22 +636,18 @@ def test_a_run_trained_further_after_max_steps_is_the_run_that_never_stopped(run
     assert totals["trained_seconds"] > 0
 
 
-def test_a_0_3_checkpoint_resumes_where_its_retired_arguments_were_off(run_dir):
-    """0.4 dropped the training module's rdrop_alpha (and cooldown_steps, which came back): a checkpoint of 0.3 that
-    left them off (every shipped config did) resumes from its file, also its module arguments, which LightningCLI reads
-    back; one trained with R-Drop is refused, naming the setting."""
+def test_a_0_3_checkpoint_resumes_with_its_module_arguments(run_dir):
+    """A checkpoint of 0.3, whose training module also took rdrop_alpha and cooldown_steps (0.4 dropped both, then took
+    them back), resumes from its file with them: LightningCLI reads its module arguments back."""
     fit("--trainer.max_steps=3")
     checkpoint = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")
     checkpoint["hf_transformer_version"] = "0.3.0"
-    checkpoint["hyper_parameters"].update(cooldown_steps=0, rdrop_alpha=0.0)
+    checkpoint["hyper_parameters"].update(cooldown_steps=0, rdrop_alpha=5.0)
     old = run_dir / "old.ckpt"
     torch.save(checkpoint, old)
     fit("--trainer.max_steps=6", f"--ckpt_path={old}")
-    assert load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")["global_step"] == 6
-    checkpoint["hyper_parameters"]["rdrop_alpha"] = 5.0
-    torch.save(checkpoint, old)
-    with pytest.raises(ValueError, match=r"old\.ckpt was trained with model\.rdrop_alpha=5\.0, which this version"):
-        fit("--trainer.max_steps=9", f"--ckpt_path={old}")
+    resumed = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")
+    assert resumed["global_step"] == 6 and resumed["hyper_parameters"]["rdrop_alpha"] == 5.0
 
 
 def test_a_0_3_checkpoint_trained_with_a_cooldown_resumes_into_it_exactly(run_dir):

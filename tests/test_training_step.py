@@ -26,6 +26,7 @@ from hf_transformer.model.loss import linear_cross_entropy, translation_loss
 from lightning_modules import TranslationDataModule, TranslationModule
 from lightning_modules.data.batching import TranslationCollator
 from lightning_modules.module import clips_norm_through_fsdp, fused_adam_allowed
+from lightning_modules.rdrop import symmetric_kl_divergence
 
 
 def tiny_module(vocab_size: int = 64, **overrides) -> TranslationModule:
@@ -126,6 +127,39 @@ def test_translation_loss_is_the_chunked_loss_of_the_target_positions():
     torch.testing.assert_close(translation_loss(hidden, weight, labels, 0.1), expected)
     summed = expected * is_target.sum()
     torch.testing.assert_close(translation_loss(hidden, weight, labels, 0.1, num_items_in_batch=20), summed / 20)
+
+
+def test_rdrops_divergence_is_the_two_kl_divergences_of_the_target_tokens():
+    logits, labels = torch.randn(6, 5, 11), torch.randint(0, 11, (3, 5))
+    labels[1, 3:] = -100
+    first, second = logits.log_softmax(-1).chunk(2)
+    both_ways = F.kl_div(second, first, log_target=True, reduction="none") + F.kl_div(
+        first, second, log_target=True, reduction="none"
+    )
+    expected = both_ways.sum(-1)[labels != -100].sum()
+    assert symmetric_kl_divergence(logits, labels) == pytest.approx(float(expected), rel=1e-5)
+    assert symmetric_kl_divergence(torch.cat([logits[:3], logits[:3]]), labels) == pytest.approx(0.0, abs=1e-5)
+
+
+@torch.no_grad()
+def test_rdrop_adds_alpha_times_the_divergence_of_two_dropout_masks_to_the_plain_loss():
+    """Without dropout both copies of a pair agree: R-Drop's loss is the plain loss, whatever alpha. With dropout,
+    the same masks (the same seed) give a loss growing linearly with alpha, by a positive divergence."""
+    torch.manual_seed(0)
+    batch = padded_batch()
+    without_dropout = {**TINY_CONFIG, "dropout": 0.0, "vocab_size": 64}
+    plain = TranslationModule(config=without_dropout).train()
+    rdrop = TranslationModule(config=without_dropout, rdrop_alpha=5.0).train()
+    rdrop.load_state_dict(plain.state_dict())
+    assert float(rdrop.training_loss(batch)) == pytest.approx(float(plain.training_loss(batch)), rel=1e-5)
+    module = TranslationModule(config={**TINY_CONFIG, "dropout": 0.3, "vocab_size": 64}).train()
+    losses = {}
+    for alpha in (1.0, 3.0, 5.0):
+        module.hparams.rdrop_alpha = alpha
+        torch.manual_seed(1)
+        losses[alpha] = float(module.training_loss(batch))
+    assert losses[5.0] - losses[1.0] == pytest.approx(2 * (losses[3.0] - losses[1.0]), rel=1e-4)
+    assert losses[3.0] > losses[1.0]
 
 
 def test_the_training_loss_compiles_into_one_graph():

@@ -28,7 +28,6 @@ from ..module import (
     check_module_arguments,
     check_resumable,
     model_config,
-    retired_arguments_dropped,
 )
 from .checks import check_config_files, check_devices, check_last_checkpoint, check_model_source
 
@@ -53,14 +52,6 @@ class TranslationArgumentParser(LightningArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
-
-    def parse_object(self, cfg_obj: Any, *args: Any, **kwargs: Any) -> Namespace:
-        """LightningCLI parses a --ckpt_path file's module arguments with this: arguments that 0.4 retired are left
-        out where they were off (`check_resumable` refused the others), so that a 0.3 checkpoint resumes."""
-        for command in cfg_obj.values() if isinstance(cfg_obj, dict) else ():
-            if isinstance(command, dict) and isinstance(command.get("model"), dict):
-                command["model"] = retired_arguments_dropped(command["model"])
-        return super().parse_object(cfg_obj, *args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # a tentative parse inside jsonargparse, which catches the error
