@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.strategies import FSDPStrategy, Strategy
 from torchmetrics.text import CHRFScore, SacreBLEUScore
@@ -21,7 +20,7 @@ from hf_transformer.decoding.translate import beam_search
 from hf_transformer.errors import CheckpointError, ConfigError, TrainingDiverged
 from hf_transformer.export.folder import saved_config
 from hf_transformer.model.integrity import non_finite_tensors, token_ids_checked_by_caller
-from hf_transformer.model.loss import IGNORE_INDEX, target_span
+from hf_transformer.model.loss import IGNORE_INDEX
 from hf_transformer.scoring import LOGGED_SCORES, sacrebleu_scores
 
 from .callbacks.progress import telling_samples
@@ -263,23 +262,11 @@ class TranslationModule(pl.LightningModule):
             return self.model(**inputs, num_items_in_batch=num_items_in_batch).loss
         if num_items_in_batch is None:
             num_items_in_batch = (inputs["labels"] != IGNORE_INDEX).sum()
-        # One batch holding each pair twice: the two copies draw different dropout masks in one forward pass. The
-        # divergence needs every logit, so the cross-entropies are computed from them too (the model's loss would
-        # project the decoder output onto the vocabulary a second time, chunk by chunk).
-        labels = torch.cat([inputs["labels"], inputs["labels"]])
-        logits = self.model(
-            torch.cat([inputs["input_ids"], inputs["input_ids"]]),
-            torch.cat([inputs["attention_mask"], inputs["attention_mask"]]),
-            decoder_input_ids=self.model.prepare_decoder_input_ids_from_labels(labels),
-            decoder_attention_mask=target_span(labels),
-            use_cache=False,
-        ).logits
-        smoothing = self.model.config.label_smoothing
-        cross_entropies = F.cross_entropy(
-            logits.flatten(0, 1).float(), labels.flatten(), label_smoothing=smoothing, reduction="sum"
-        )
-        divergence = symmetric_kl_divergence(logits, inputs["labels"])
-        return (cross_entropies + alpha / 2 * divergence) / (2 * num_items_in_batch)
+        # One batch holding each pair twice: the two copies draw different dropout masks in one forward pass.
+        twice = {name: torch.cat([tensor, tensor]) for name, tensor in inputs.items()}
+        outputs = self.model(**twice, num_items_in_batch=2 * num_items_in_batch, return_logits=True)
+        divergence = symmetric_kl_divergence(outputs.logits, inputs["labels"])
+        return outputs.loss + alpha / 2 * divergence / (2 * num_items_in_batch)
 
     def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
         """Count the step's target tokens. Every token of an optimizer step weighs the same, as in the paper's
