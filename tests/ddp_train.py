@@ -5,7 +5,7 @@ micro-batches, and compares the weights; on GPUs also with the strategy of confi
 fsdp`), which Lightning runs on GPUs only.
 
     python tests/ddp_train.py OUT.pt [--devices N] [--num-nodes N] [--accumulate N] [--accelerator cpu|gpu]
-        [--strategy ddp|fsdp] [--gradient-clip-val V]
+        [--strategy ddp|fsdp] [--gradient-clip-val V] [--rdrop-alpha A]
 
 A script rather than a test: `strategy="ddp"` starts the other ranks by re-running `sys.argv`, which inside pytest
 would re-run the whole test session.
@@ -34,7 +34,7 @@ TARGET_LENGTH = 6
 FSDP_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "trainer" / "fsdp.yaml"
 
 
-def ddp_module() -> TranslationModule:
+def ddp_module(rdrop_alpha: float = 0.0) -> TranslationModule:
     """Dropout 0 so that every process computes the same function; label smoothing as in the paper."""
     vocabulary = dict(vocab_size=VOCAB_SIZE, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
     return tiny_module(
@@ -45,6 +45,7 @@ def ddp_module() -> TranslationModule:
         # gradient is rounding noise (~1e-9) that differs between one and two processes. Adam with the paper's eps
         # of 1e-9 would turn that noise into full +-lr steps; with 1e-5 it moves weights by < 1e-6 in all.
         eps=1e-5,
+        rdrop_alpha=rdrop_alpha,
     )
 
 
@@ -136,12 +137,13 @@ def main() -> None:
     parser.add_argument("--accelerator", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp", help="ddp: with more than one process")
     parser.add_argument("--gradient-clip-val", type=float, default=None, help="clip the gradients' norm to this")
+    parser.add_argument("--rdrop-alpha", type=float, default=0.0, help="R-Drop's weight (the module's rdrop_alpha)")
     args = parser.parse_args()
 
     # One thread per process: the same summation order in every run, and no oversubscribed CPU cores.
     torch.set_num_threads(1)
     pl.seed_everything(SEED, verbose=False)
-    module = ddp_module()
+    module = ddp_module(args.rdrop_alpha)
     initial = state(module.state_dict())
     distributed = args.devices * args.num_nodes > 1
     strategy = fsdp_strategy() if args.strategy == "fsdp" else "ddp" if distributed else "auto"  # DDP on CPUs: gloo

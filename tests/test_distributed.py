@@ -152,6 +152,15 @@ def test_accumulating_micro_batches_of_different_sizes_matches_one_batch(referen
     assert_same_training(result, reference, world_size=2)
 
 
+def test_rdrop_on_two_processes_accumulating_micro_batches_matches_one_plain_process(reference, tmp_path):
+    """R-Drop runs each micro-batch twice and divides by twice its step's target tokens: without dropout its two
+    copies agree (their divergence and its gradient are 0), so with DDP and accumulation it must train the plain
+    single-process weights, or its divisor weighs the ranks' and micro-batches' tokens differently from the plain
+    path's."""
+    result = train(tmp_path / "weights.pt", "--devices", "2", "--accumulate", "2", "--rdrop-alpha", "5")
+    assert_same_training(result, reference, world_size=2)
+
+
 def test_two_nodes_launched_by_torchrun_match_one_process(reference, tmp_path):
     """Two `torchrun` "nodes" of one process each on 127.0.0.1 (`num_nodes=2, devices=1`): both exit 0 and the weights
     equal the single-process run."""
