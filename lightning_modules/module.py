@@ -264,8 +264,10 @@ class TranslationModule(pl.LightningModule):
             num_items_in_batch = (inputs["labels"] != IGNORE_INDEX).sum()
         # One batch holding each pair twice: the two copies draw different dropout masks in one forward pass.
         twice = {name: torch.cat([tensor, tensor]) for name, tensor in inputs.items()}
-        outputs = self.model(**twice, num_items_in_batch=2 * num_items_in_batch, return_logits=True)
-        divergence = symmetric_kl_divergence(outputs.logits, inputs["labels"])
+        # The decoder output's last hidden states are what the model's loss projected onto the vocabulary.
+        outputs = self.model(**twice, num_items_in_batch=2 * num_items_in_batch, output_hidden_states=True)
+        weight = self.model.get_output_embeddings().weight
+        divergence = symmetric_kl_divergence(outputs.decoder_hidden_states[-1], weight, inputs["labels"])
         return outputs.loss + alpha / 2 * divergence / (2 * num_items_in_batch)
 
     def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:

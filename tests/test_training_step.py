@@ -129,16 +129,32 @@ def test_translation_loss_is_the_chunked_loss_of_the_target_positions():
     torch.testing.assert_close(translation_loss(hidden, weight, labels, 0.1, num_items_in_batch=20), summed / 20)
 
 
-def test_rdrops_divergence_is_the_two_kl_divergences_of_the_target_tokens():
-    logits, labels = torch.randn(6, 5, 11), torch.randint(0, 11, (3, 5))
+@pytest.mark.parametrize("chunk_bytes", [loss.CPU_LOGITS_CHUNK_BYTES, 1000])
+def test_rdrops_divergence_is_the_two_kl_divergences_of_the_target_tokens_in_value_and_gradients(
+    monkeypatch, chunk_bytes
+):
+    """One chunk, and chunks of a few tokens each: the closed-form divergence and its gradients equal autograd's of
+    torch's two `kl_div`s of the full logits (in fp64), on the target tokens only; equal halves diverge by 0."""
+    monkeypatch.setattr(loss, "CPU_LOGITS_CHUNK_BYTES", chunk_bytes)
+    hidden = (3 * torch.randn(6, 5, 16)).requires_grad_()
+    weight = torch.randn(37, 16, requires_grad=True)
+    labels = torch.randint(0, 37, (3, 5))
     labels[1, 3:] = -100
-    first, second = logits.log_softmax(-1).chunk(2)
+    exact = [tensor.detach().double().requires_grad_() for tensor in (hidden, weight)]
+    first, second = (exact[0] @ exact[1].T).log_softmax(-1).chunk(2)
     both_ways = F.kl_div(second, first, log_target=True, reduction="none") + F.kl_div(
         first, second, log_target=True, reduction="none"
     )
     expected = both_ways.sum(-1)[labels != -100].sum()
-    assert symmetric_kl_divergence(logits, labels) == pytest.approx(float(expected), rel=1e-5)
-    assert symmetric_kl_divergence(torch.cat([logits[:3], logits[:3]]), labels) == pytest.approx(0.0, abs=1e-5)
+    expected_gradients = torch.autograd.grad(3 * expected, exact)
+    divergence = symmetric_kl_divergence(hidden, weight, labels)
+    torch.testing.assert_close(divergence.double(), expected, rtol=1e-5, atol=1e-5)
+    gradients = torch.autograd.grad(3 * divergence, (hidden, weight))
+    for gradient, expected_gradient in zip(gradients, expected_gradients, strict=True):
+        # fp32 rounding of log-probabilities of logits in the tens; torch's fp32 autograd is as far from fp64
+        torch.testing.assert_close(gradient.double(), expected_gradient, rtol=3e-4, atol=3e-4)
+    same = torch.cat([hidden[:3], hidden[:3]]).detach()
+    assert float(symmetric_kl_divergence(same, weight.detach(), labels)) == pytest.approx(0.0, abs=1e-5)
 
 
 @torch.no_grad()
@@ -192,10 +208,12 @@ def test_twenty_real_batches_of_varying_shapes_share_one_compiled_graph():
     assert len(compilations) <= 2
 
 
-def test_compiled_training_loss_equals_eager_in_loss_and_gradients():
+@pytest.mark.parametrize("rdrop_alpha", [0.0, 5.0])
+def test_compiled_training_loss_equals_eager_in_loss_and_gradients(rdrop_alpha):
     """Compiled with inductor, which keeps every target position (no data-dependent shapes): the same loss and
-    gradients as the eager step, which computes only up to each row's last target token."""
-    module = tiny_module().eval()  # no dropout, whose random stream differs under compilation
+    gradients as the eager step, which computes only up to each row's last target token; with R-Drop too: its doubled
+    batch and closed-form divergence compile, and give the eager values (without dropout the divergence is 0)."""
+    module = tiny_module(rdrop_alpha=rdrop_alpha).eval()  # no dropout, whose random stream differs under compilation
     batch = padded_batch()
 
     def loss_and_gradients() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -60,6 +60,13 @@ def _smoothed_cross_entropy(
     return loss, grad.mul_(is_target)
 
 
+def logits_chunks(tokens: int, vocab_size: int, device: torch.device) -> int:
+    """The number of equal chunks of `tokens` whose fp32 logits each stay under `LOGITS_CHUNK_BYTES`
+    (`CPU_LOGITS_CHUNK_BYTES` on a CPU)."""
+    chunk_bytes = CPU_LOGITS_CHUNK_BYTES if device.type == "cpu" else LOGITS_CHUNK_BYTES
+    return max(1, math.ceil(tokens * vocab_size * 4 / chunk_bytes))
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """Sum over tokens of the label-smoothed cross-entropy of `hidden @ weight.T`, and its gradients, chunk by chunk."""
 
@@ -100,8 +107,7 @@ def linear_cross_entropy(
     reduction="sum")` in value and gradients, with fp32 logits for at most `LOGITS_CHUNK_BYTES` at a time
     (`CPU_LOGITS_CHUNK_BYTES` on a CPU). Under autocast the projection runs in the autocast dtype (as `F.linear` would)
     and the softmax in fp32."""
-    chunk_bytes = CPU_LOGITS_CHUNK_BYTES if hidden.device.type == "cpu" else LOGITS_CHUNK_BYTES
-    num_chunks = max(1, math.ceil(hidden.shape[0] * weight.shape[0] * 4 / chunk_bytes))
+    num_chunks = logits_chunks(hidden.shape[0], weight.shape[0], hidden.device)
     compute_gradients = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     return _LinearCrossEntropy.apply(hidden, weight, labels, label_smoothing, num_chunks, compute_gradients)
 
