@@ -9,7 +9,7 @@ chunk projected onto the vocabulary, scored and differentiated in closed form in
 
 import torch
 
-from hf_transformer.model.loss import IGNORE_INDEX, logits_chunks
+from hf_transformer.model.loss import IGNORE_INDEX, logits_chunks, projection_dtype
 
 
 def _symmetric_kl(
@@ -37,8 +37,7 @@ class _LinearSymmetricKL(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, hidden_pair, weight, labels, num_chunks, compute_gradients):
-        device = hidden.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        dtype = projection_dtype(hidden)
         weight_in_dtype = weight.to(dtype)
         divergence = hidden.new_zeros((), dtype=torch.float32)
         grad_hidden, grad_hidden_pair = [], []

@@ -157,6 +157,18 @@ def test_rdrops_divergence_is_the_two_kl_divergences_of_the_target_tokens_in_val
     assert float(symmetric_kl_divergence(same, weight.detach(), labels)) == pytest.approx(0.0, abs=1e-5)
 
 
+def test_rdrops_divergence_under_bf16_autocast_projects_in_bf16_and_compares_in_fp32():
+    hidden, weight = torch.randn(6, 5, 16, requires_grad=True), torch.randn(37, 16, requires_grad=True)
+    labels = torch.randint(0, 37, (3, 5))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first, second = F.linear(hidden, weight).float().log_softmax(-1).chunk(2)
+        divergence = symmetric_kl_divergence(hidden, weight, labels)
+    expected = ((first.exp() - second.exp()) * (first - second)).sum()
+    torch.testing.assert_close(divergence, expected)
+    divergence.backward()
+    assert hidden.grad.dtype == weight.grad.dtype == torch.float32
+
+
 @torch.no_grad()
 def test_rdrop_adds_alpha_times_the_divergence_of_two_dropout_masks_to_the_plain_loss():
     """Without dropout both copies of a pair agree: R-Drop's loss is the plain loss, whatever alpha. With dropout,

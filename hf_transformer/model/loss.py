@@ -67,13 +67,19 @@ def logits_chunks(tokens: int, vocab_size: int, device: torch.device) -> int:
     return max(1, math.ceil(tokens * vocab_size * 4 / chunk_bytes))
 
 
+def projection_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """The dtype the output projection of `hidden` runs in: autocast's where it is on (as `F.linear` would), else
+    `hidden`'s."""
+    device = hidden.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """Sum over tokens of the label-smoothed cross-entropy of `hidden @ weight.T`, and its gradients, chunk by chunk."""
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, label_smoothing, num_chunks, compute_gradients):
-        device = hidden.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        dtype = projection_dtype(hidden)
         weight_in_dtype = weight.to(dtype)
         loss = hidden.new_zeros((), dtype=torch.float32)
         grad_hidden = []
