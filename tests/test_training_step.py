@@ -167,7 +167,8 @@ def test_rdrops_divergence_under_bf16_autocast_projects_in_bf16_and_compares_in_
         first, second = F.linear(hidden, weight).float().log_softmax(-1).chunk(2)
         divergence = symmetric_kl_divergence(hidden, weight, labels)
     expected = ((first.exp() - second.exp()) * (first - second)).sum()
-    torch.testing.assert_close(divergence, expected)
+    # the same bf16 logits, summed in another order (per token, then over the chunks)
+    torch.testing.assert_close(divergence, expected, rtol=1e-5, atol=1e-5)
     divergence.backward()
     assert hidden.grad.dtype == weight.grad.dtype == torch.float32
 
