@@ -19,15 +19,15 @@ from hf_transformer import TransformerConfig, TransformerForConditionalGeneratio
 from hf_transformer.decoding.translate import beam_search
 from hf_transformer.errors import CheckpointError, ConfigError, TrainingDiverged
 from hf_transformer.export.folder import saved_config
-from hf_transformer.model.integrity import non_finite_tensors, token_ids_checked_by_caller
-from hf_transformer.model.loss import IGNORE_INDEX
+from hf_transformer.model.integrity import check_token_ids, non_finite_tensors, token_ids_checked_by_caller
+from hf_transformer.model.loss import IGNORE_INDEX, target_span
 from hf_transformer.scoring import LOGGED_SCORES, sacrebleu_scores
 
 from .callbacks.progress import telling_samples
 from .callbacks.resume import ExactResume
 from .checkpoint import check_same_model, tokenizer_from_checkpoint, tokenizer_state
 from .data.tokenization import model_vocabulary
-from .rdrop import symmetric_kl_divergence
+from .rdrop import rdrop_loss
 from .schedules import inverse_sqrt_lr_lambda, noam_lr_lambda, with_cooldown
 
 # The logged name of each score of `hf_transformer.scoring` that a test logs.
@@ -262,13 +262,20 @@ class TranslationModule(pl.LightningModule):
             return self.model(**inputs, num_items_in_batch=num_items_in_batch).loss
         if num_items_in_batch is None:
             num_items_in_batch = (inputs["labels"] != IGNORE_INDEX).sum()
-        # One batch holding each pair twice: the two copies draw different dropout masks in one forward pass.
+        # One batch holding each pair twice: the two copies draw different dropout masks in one forward pass. The base
+        # model runs the decoder as `forward(labels=...)` does (inputs shifted right, up to each row's last target), and
+        # `rdrop_loss` projects its output onto the vocabulary once for the cross-entropies and the divergence.
         twice = {name: torch.cat([tensor, tensor]) for name, tensor in inputs.items()}
-        # The decoder output's last hidden states are what the model's loss projected onto the vocabulary.
-        outputs = self.model(**twice, num_items_in_batch=2 * num_items_in_batch, output_hidden_states=True)
-        weight = self.model.get_output_embeddings().weight
-        divergence = symmetric_kl_divergence(outputs.decoder_hidden_states[-1], weight, inputs["labels"])
-        return outputs.loss + alpha / 2 * divergence / (2 * num_items_in_batch)
+        check_token_ids(inputs["labels"], self.model.config.vocab_size, ignore_index=IGNORE_INDEX, name="labels")
+        decoder_output = self.model.base_model(
+            twice["input_ids"],
+            twice["attention_mask"],
+            self.model.prepare_decoder_input_ids_from_labels(twice["labels"]),
+            target_span(twice["labels"]),
+            use_cache=False,
+        ).last_hidden_state
+        weight, smoothing = self.model.get_output_embeddings().weight, self.model.config.label_smoothing
+        return rdrop_loss(decoder_output, weight, inputs["labels"], smoothing, alpha) / (2 * num_items_in_batch)
 
     def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
         """Count the step's target tokens. Every token of an optimizer step weighs the same, as in the paper's

@@ -26,7 +26,7 @@ from hf_transformer.model.loss import linear_cross_entropy, translation_loss
 from lightning_modules import TranslationDataModule, TranslationModule
 from lightning_modules.data.batching import TranslationCollator
 from lightning_modules.module import clips_norm_through_fsdp, fused_adam_allowed
-from lightning_modules.rdrop import symmetric_kl_divergence
+from lightning_modules.rdrop import rdrop_loss
 
 
 def tiny_module(vocab_size: int = 64, **overrides) -> TranslationModule:
@@ -82,7 +82,7 @@ MEMORY_CHILD = """
 import json, sys, torch, torch.nn.functional as F
 from pathlib import Path
 from hf_transformer.model.loss import linear_cross_entropy
-from lightning_modules.rdrop import symmetric_kl_divergence
+from lightning_modules.rdrop import rdrop_loss
 
 def peak_rss():
     return next(int(l.split()[1]) * 1024 for l in Path("/proc/self/status").read_text().splitlines()
@@ -96,8 +96,8 @@ Path("/proc/self/clear_refs").write_text("5")
 before = peak_rss()
 if sys.argv[1] == "chunked":
     linear_cross_entropy(hidden, weight, labels, 0.1).backward()
-elif sys.argv[1] == "divergence":  # R-Drop's: the tokens are the two copies of 4,096 target tokens
-    symmetric_kl_divergence(hidden.view(2, tokens // 2, -1), weight, labels[: tokens // 2].view(1, -1)).backward()
+elif sys.argv[1] == "rdrop":  # R-Drop's: the tokens are the two copies of 4,096 target tokens
+    rdrop_loss(hidden.view(2, tokens // 2, -1), weight, labels[: tokens // 2].view(1, -1), 0.1, 5.0).backward()
 else:
     F.cross_entropy(hidden @ weight.T, labels, label_smoothing=0.1, reduction="sum").backward()
 print(json.dumps(peak_rss() - before))
@@ -107,15 +107,15 @@ print(json.dumps(peak_rss() - before))
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak memory is read from /proc/self/status")
 def test_chunked_loss_never_holds_the_logits_of_every_token():
     """8,192 tokens x 32,000 words: full fp32 logits are 1 GiB, and F.cross_entropy's step holds them, their log
-    softmax and their gradient; the chunked loss needs less than the logits alone, and R-Drop's chunked divergence of
-    two copies of 4,096 tokens less than one copy's logits. Peak memory of each step, measured in a fresh process."""
+    softmax and their gradient; the chunked loss needs less than the logits alone, and R-Drop's chunked loss of two
+    copies of 4,096 tokens less than one copy's logits. Peak memory of each step, measured in a fresh process."""
     peaks = {}
-    for kind in ("chunked", "divergence", "reference"):
+    for kind in ("chunked", "rdrop", "reference"):
         result = subprocess.run(
             [sys.executable, "-c", textwrap.dedent(MEMORY_CHILD), kind], capture_output=True, text=True, check=True
         )
         peaks[kind] = json.loads(result.stdout.strip().splitlines()[-1]) / 2**20
-    assert peaks["reference"] > 2 * 1024 and peaks["chunked"] < 1024 and peaks["divergence"] < 512, peaks
+    assert peaks["reference"] > 2 * 1024 and peaks["chunked"] < 1024 and peaks["rdrop"] < 512, peaks
 
 
 def test_translation_loss_is_the_chunked_loss_of_the_target_positions():
@@ -132,44 +132,61 @@ def test_translation_loss_is_the_chunked_loss_of_the_target_positions():
     torch.testing.assert_close(translation_loss(hidden, weight, labels, 0.1, num_items_in_batch=20), summed / 20)
 
 
+def rdrop_reference(hidden, weight, labels, label_smoothing, alpha):
+    """R-Drop's summed loss by torch's functions on the full logits: both copies' cross-entropies and alpha / 2 times
+    the two `kl_div`s, on the target tokens, in fp32 or fp64 (bf16 logits under autocast are scored in fp32)."""
+    is_target = labels != -100
+    logits = F.linear(hidden, weight)
+    first, second = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(-1).chunk(2)
+    cross_entropies = sum(
+        F.cross_entropy(half[is_target], labels[is_target], label_smoothing=label_smoothing, reduction="sum")
+        for half in (first, second)
+    )
+    both_ways = F.kl_div(second, first, log_target=True, reduction="none") + F.kl_div(
+        first, second, log_target=True, reduction="none"
+    )
+    return cross_entropies + alpha / 2 * both_ways.sum(-1)[is_target].sum()
+
+
 @pytest.mark.parametrize("chunk_bytes", [loss.CPU_LOGITS_CHUNK_BYTES, 1000])
-def test_rdrops_divergence_is_the_two_kl_divergences_of_the_target_tokens_in_value_and_gradients(
-    monkeypatch, chunk_bytes
+@pytest.mark.parametrize(("label_smoothing", "alpha"), [(0.0, 0.0), (0.1, 0.0), (0.0, 5.0), (0.1, 5.0)])
+def test_rdrop_loss_is_two_cross_entropies_and_two_kl_divergences_in_value_and_gradients(
+    monkeypatch, chunk_bytes, label_smoothing, alpha
 ):
-    """One chunk, and chunks of a few tokens each: the closed-form divergence and its gradients equal autograd's of
-    torch's two `kl_div`s of the full logits (in fp64), on the target tokens only; equal halves diverge by 0."""
+    """One chunk, and chunks of a few tokens each: the closed-form loss and its gradients equal autograd's of torch's
+    cross-entropies and `kl_div`s of the full logits (in fp64), on the target tokens only; alpha 0 leaves the two
+    cross-entropies, and equal halves add no divergence."""
     monkeypatch.setattr(loss, "CPU_LOGITS_CHUNK_BYTES", chunk_bytes)
     hidden = (3 * torch.randn(6, 5, 16)).requires_grad_()
     weight = torch.randn(37, 16, requires_grad=True)
     labels = torch.randint(0, 37, (3, 5))
-    labels[1, 3:] = -100
+    labels[1, 3:] = labels[2, 0] = -100
     exact = [tensor.detach().double().requires_grad_() for tensor in (hidden, weight)]
-    first, second = (exact[0] @ exact[1].T).log_softmax(-1).chunk(2)
-    both_ways = F.kl_div(second, first, log_target=True, reduction="none") + F.kl_div(
-        first, second, log_target=True, reduction="none"
-    )
-    expected = both_ways.sum(-1)[labels != -100].sum()
+    expected = rdrop_reference(*exact, labels, label_smoothing, alpha)
     expected_gradients = torch.autograd.grad(3 * expected, exact)
-    divergence = symmetric_kl_divergence(hidden, weight, labels)
-    torch.testing.assert_close(divergence.double(), expected, rtol=1e-5, atol=1e-5)
-    gradients = torch.autograd.grad(3 * divergence, (hidden, weight))
+    chunked = rdrop_loss(hidden, weight, labels, label_smoothing, alpha)
+    torch.testing.assert_close(chunked.double(), expected, rtol=1e-5, atol=1e-5)
+    gradients = torch.autograd.grad(3 * chunked, (hidden, weight))
     for gradient, expected_gradient in zip(gradients, expected_gradients, strict=True):
         # fp32 rounding of log-probabilities of logits in the tens; torch's fp32 autograd is as far from fp64
         torch.testing.assert_close(gradient.double(), expected_gradient, rtol=3e-4, atol=3e-4)
-    same = torch.cat([hidden[:3], hidden[:3]]).detach()
-    assert float(symmetric_kl_divergence(same, weight.detach(), labels)) == pytest.approx(0.0, abs=1e-5)
+    with torch.no_grad():
+        same = torch.cat([hidden[:3], hidden[:3]])
+        torch.testing.assert_close(
+            rdrop_loss(same, weight, labels, label_smoothing, alpha),
+            rdrop_loss(same, weight, labels, label_smoothing, 0.0),
+        )
 
 
-def test_rdrops_divergence_under_bf16_autocast_projects_in_bf16_and_compares_in_fp32():
+def test_rdrop_loss_under_bf16_autocast_projects_in_bf16_and_scores_in_fp32():
     hidden, weight = torch.randn(6, 5, 16, requires_grad=True), torch.randn(37, 16, requires_grad=True)
     labels = torch.randint(0, 37, (3, 5))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        first, second = F.linear(hidden, weight).float().log_softmax(-1).chunk(2)
-        divergence = symmetric_kl_divergence(hidden, weight, labels)
-    expected = ((first.exp() - second.exp()) * (first - second)).sum()
+        expected = rdrop_reference(hidden, weight, labels, 0.1, 5.0)
+        chunked = rdrop_loss(hidden, weight, labels, 0.1, 5.0)
     # the same bf16 logits, summed in another order (per token, then over the chunks)
-    torch.testing.assert_close(divergence, expected, rtol=1e-5, atol=1e-5)
-    divergence.backward()
+    torch.testing.assert_close(chunked, expected, rtol=1e-5, atol=1e-5)
+    chunked.backward()
     assert hidden.grad.dtype == weight.grad.dtype == torch.float32
 
 
