@@ -162,7 +162,7 @@ def model_changes(model: dict) -> list[str]:
 # The settings that change what a run learns from and that the recipe's name does not state already (the budget's
 # max_tokens is named in every recipe): a run that changes one is another recipe, as one changing a model setting is.
 RECIPE_DATA_FIELDS = ("bpe_vocab_size", "bpe_min_frequency", "bpe_dropout", "max_sentences")
-RECIPE_TRAINING_FIELDS = ("cooldown_steps", "weight_decay")
+RECIPE_TRAINING_FIELDS = ("cooldown_steps", "rdrop_alpha", "weight_decay")
 
 
 def setting_changes(settings: dict, section: str, fields: tuple[str, ...], component: type) -> list[str]:

@@ -176,6 +176,8 @@ def test_a_recipe_names_the_model_and_data_settings_it_changes(tmp_path, monkeyp
     assert named({"dropout": 0.3}, training={"cooldown_steps": 0}) == plain
     cooled = named({"dropout": 0.3}, training={"cooldown_steps": 3000})
     assert "dropout 0.3, cooldown steps 3000, warm-up 2000" in cooled
+    assert named({"dropout": 0.3}, training={"rdrop_alpha": 0.0}) == plain
+    assert "dropout 0.3, rdrop alpha 5.0, warm-up 2000" in named({"dropout": 0.3}, training={"rdrop_alpha": 5.0})
 
 
 def test_padding_benchmark_runs(tmp_path):
