@@ -6,7 +6,7 @@ import difflib
 import importlib.metadata
 import inspect
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import lightning.pytorch as pl
 import torch
@@ -151,6 +151,14 @@ def check_module_arguments(arguments: dict[str, Any]) -> None:
     model_config(arguments["preset"], arguments["config"], arguments["init_from"])
 
 
+class TrainingLoss(NamedTuple):
+    """What `TranslationModule.training_loss` returns: the loss to minimize and, with R-Drop, the divergence of the two
+    copies' output distributions (`rdrop.py`), without gradient, for the logs."""
+
+    loss: torch.Tensor
+    rdrop_divergence: torch.Tensor | None = None
+
+
 class TranslationModule(pl.LightningModule):
     """Trains a `TransformerForConditionalGeneration` on batches from `TranslationDataModule`.
 
@@ -252,14 +260,14 @@ class TranslationModule(pl.LightningModule):
         method = type(self).training_loss.__get__(self)
         self.training_loss = torch.compile(method, dynamic=True, backend=backend)
 
-    def training_loss(self, batch: dict[str, Any], num_items_in_batch: torch.Tensor | None = None) -> torch.Tensor:
+    def training_loss(self, batch: dict[str, Any], num_items_in_batch: torch.Tensor | None = None) -> TrainingLoss:
         """The model's loss on `batch`: label-smoothed cross-entropy (`config.label_smoothing`) summed over the target
         tokens and divided by `num_items_in_batch`, by default the batch's own target tokens; with `rdrop_alpha`,
-        R-Drop's loss of the batch run twice, divided by twice that."""
+        R-Drop's loss of the batch run twice, divided by twice that, and its divergence divided by that."""
         inputs = {name: batch[name] for name in ("input_ids", "attention_mask", "labels")}
         alpha = self.hparams.rdrop_alpha
         if not alpha:
-            return self.model(**inputs, num_items_in_batch=num_items_in_batch).loss
+            return TrainingLoss(self.model(**inputs, num_items_in_batch=num_items_in_batch).loss)
         if num_items_in_batch is None:
             num_items_in_batch = (inputs["labels"] != IGNORE_INDEX).sum()
         # One batch holding each pair twice: the two copies draw different dropout masks in one forward pass. The base
@@ -275,7 +283,8 @@ class TranslationModule(pl.LightningModule):
             use_cache=False,
         ).last_hidden_state
         weight, smoothing = self.model.get_output_embeddings().weight, self.model.config.label_smoothing
-        return rdrop_loss(decoder_output, weight, inputs["labels"], smoothing, alpha) / (2 * num_items_in_batch)
+        loss, divergence = rdrop_loss(decoder_output, weight, inputs["labels"], smoothing, alpha)
+        return TrainingLoss(loss / (2 * num_items_in_batch), divergence / num_items_in_batch)
 
     def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
         """Count the step's target tokens. Every token of an optimizer step weighs the same, as in the paper's
@@ -298,10 +307,12 @@ class TranslationModule(pl.LightningModule):
         else:  # counted by `on_train_batch_start`
             tokens, divisor = self._batch_tokens, self._step_divisor
         with token_ids_checked_by_caller():
-            loss = self.training_loss(batch, divisor)
+            loss, rdrop_divergence = self.training_loss(batch, divisor)
         per_token = loss.detach() * divisor / tokens
         self.non_finite_losses += ~torch.isfinite(per_token)
         self.log("train/loss", per_token, prog_bar=True)
+        if rdrop_divergence is not None:  # train/loss holds rdrop_alpha / 4 times it
+            self.log("train/rdrop_divergence", rdrop_divergence * divisor / tokens)
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:

@@ -8,6 +8,8 @@ respect to the logits computed together in closed form in the forward pass, so t
 is held for every token of the doubled batch at once.
 """
 
+from typing import NamedTuple
+
 import torch
 
 from hf_transformer.model.loss import IGNORE_INDEX, logits_chunks, projection_dtype
@@ -21,13 +23,14 @@ def _rdrop_loss(
     label_smoothing: float,
     divergence_weight: float,
     compute_gradient: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Summed over the tokens where `is_target` ([tokens, 1]): the label-smoothed cross-entropies of fp32 `logits` and
     `logits_pair` ([tokens, vocab], p and q their softmaxes) at `target` ([tokens, 1]), plus `divergence_weight` times
-    KL(p || q) + KL(q || p) = sum over the vocabulary of (p - q)(log p - log q); and its gradients with respect to both
-    logits (None unless asked). With d = log p - log q, w the weight and s the smoothed target (1 - eps) * one-hot +
-    eps / vocab, the gradient with respect to the first logits is p - s + w * (p * (d - <p, d>) + p - q), and with
-    respect to the second q - s + w * (q * (<q, d> - d) + q - p). Overwrites both logits."""
+    KL(p || q) + KL(q || p) = sum over the vocabulary of (p - q)(log p - log q); that divergence alone; and the loss's
+    gradients with respect to both logits (None unless asked). With d = log p - log q, w the weight and s the smoothed
+    target (1 - eps) * one-hot + eps / vocab, the gradient with respect to the first logits is
+    p - s + w * (p * (d - <p, d>) + p - q), and with respect to the second q - s + w * (q * (<q, d> - d) + q - p).
+    Overwrites both logits."""
     log_p, log_q = logits.log_softmax(-1), logits_pair.log_softmax(-1)
     # Cross-entropy against the smoothed target: -(1 - eps) * log p_target - eps * mean(log p), for each copy.
     cross_entropy = (log_p.gather(1, target) + log_q.gather(1, target)) * (label_smoothing - 1)
@@ -38,8 +41,9 @@ def _rdrop_loss(
     p_minus_q = torch.sub(p, q, out=logits)
     divergence = (p_minus_q * difference).sum(-1, keepdim=True)
     loss = torch.where(is_target, cross_entropy + divergence_weight * divergence, 0.0).sum()
+    divergence = torch.where(is_target, divergence, 0.0).sum()
     if not compute_gradient:
-        return loss, None, None
+        return loss, divergence, None, None
     q_dot_d, p_dot_d = (q * difference).sum(-1, keepdim=True), (p * difference).sum(-1, keepdim=True)
     grad_pair = torch.sub(q_dot_d, difference, out=logits_pair).mul_(divergence_weight).add_(1).mul_(q)
     grad_pair.sub_(p_minus_q, alpha=divergence_weight)
@@ -47,18 +51,19 @@ def _rdrop_loss(
     smoothed_target = torch.full_like(grad[:, :1], label_smoothing - 1)
     for gradient in (grad, grad_pair):
         gradient.sub_(label_smoothing / gradient.shape[-1]).scatter_add_(1, target, smoothed_target).mul_(is_target)
-    return loss, grad, grad_pair
+    return loss, divergence, grad, grad_pair
 
 
 class _LinearRDropLoss(torch.autograd.Function):
     """R-Drop's loss of the logits `hidden @ weight.T` and `hidden_pair @ weight.T`, and its gradients, chunk by
-    chunk."""
+    chunk; and the divergence alone, which takes no gradient."""
 
     @staticmethod
     def forward(ctx, hidden, hidden_pair, weight, labels, label_smoothing, divergence_weight, num_chunks, gradients):
         dtype = projection_dtype(hidden)
         weight_in_dtype = weight.to(dtype)
         loss = hidden.new_zeros((), dtype=torch.float32)
+        divergence = torch.zeros_like(loss)
         if gradients:
             # Written chunk by chunk into buffers allocated once: small gradients allocated between the chunks' large
             # temporaries keep glibc's allocator from reusing their memory (the peak memory test's step then holds
@@ -77,10 +82,11 @@ class _LinearRDropLoss(torch.autograd.Function):
         for chunk, chunk_pair, labels_chunk, grad_chunk, grad_chunk_pair in chunks:
             logits, logits_pair = (chunk @ weight_in_dtype.T).float(), (chunk_pair @ weight_in_dtype.T).float()
             target, is_target = labels_chunk.clamp(min=0)[:, None], (labels_chunk != IGNORE_INDEX)[:, None]
-            chunk_loss, grad, grad_pair = _rdrop_loss(
+            chunk_loss, chunk_divergence, grad, grad_pair = _rdrop_loss(
                 logits, logits_pair, target, is_target, label_smoothing, divergence_weight, gradients
             )
             loss += chunk_loss
+            divergence += chunk_divergence
             if gradients:
                 grad, grad_pair = grad.to(dtype), grad_pair.to(dtype)
                 torch.mm(grad, weight_in_dtype, out=grad_chunk)
@@ -90,27 +96,38 @@ class _LinearRDropLoss(torch.autograd.Function):
             ctx.save_for_backward(
                 grad_hidden.to(hidden.dtype), grad_hidden_pair.to(hidden_pair.dtype), grad_weight.to(weight.dtype)
             )
-        return loss
+        ctx.mark_non_differentiable(divergence)
+        return loss, divergence
 
     @staticmethod
-    def backward(ctx, grad_loss):
+    def backward(ctx, grad_loss, grad_divergence):
         grad_hidden, grad_hidden_pair, grad_weight = (grad * grad_loss for grad in ctx.saved_tensors)
         return grad_hidden, grad_hidden_pair, grad_weight, None, None, None, None, None
 
 
+class RDropLoss(NamedTuple):
+    """R-Drop's loss, and the divergence in it (unweighted, without gradient: what training logs), each summed over
+    the target tokens."""
+
+    loss: torch.Tensor
+    divergence: torch.Tensor
+
+
 def rdrop_loss(
     hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, label_smoothing: float, alpha: float
-) -> torch.Tensor:
-    """R-Drop's loss (their eq. 3) summed over the target tokens: the label-smoothed cross-entropies of both copies
-    plus alpha / 2 times KL(P1 || P2) + KL(P2 || P1), where P are the softmaxes of the logits `hidden_states @
-    weight.T`. `hidden_states` ([2 x batch, length, d_model], the decoder output) hold the batch twice, its second half
-    the same pairs as its first under other dropout masks, and `labels` ([batch, length], -100 where nothing counts)
-    are those of one half. Equal to the loss of the full logits in value and gradients, with each half's fp32 logits for
-    at most `LOGITS_CHUNK_BYTES` at a time (`logits_chunks`); under autocast the projection runs in the autocast dtype
-    and the softmaxes in fp32."""
+) -> RDropLoss:
+    """R-Drop's loss (their eq. 3) summed over the target tokens: the label-smoothed cross-entropies of both copies plus
+    alpha / 2 times the divergence KL(P1 || P2) + KL(P2 || P1), where P are the softmaxes of the logits `hidden_states @
+    weight.T`; and that divergence. `hidden_states` ([2 x batch, length, d_model], the decoder output) hold the batch
+    twice, its second half the same pairs as its first under other dropout masks, and `labels` ([batch, length], -100
+    where nothing counts) are those of one half. Equal to the loss of the full logits in value and gradients, with each
+    half's fp32 logits for at most `LOGITS_CHUNK_BYTES` at a time (`logits_chunks`); under autocast the projection runs
+    in the autocast dtype and the softmaxes in fp32."""
     hidden, hidden_pair = (half.flatten(0, 1) for half in hidden_states.chunk(2))
     num_chunks = logits_chunks(hidden.shape[0], weight.shape[0], hidden.device)
     gradients = torch.is_grad_enabled() and (hidden_states.requires_grad or weight.requires_grad)
-    return _LinearRDropLoss.apply(
-        hidden, hidden_pair, weight, labels.flatten(), label_smoothing, alpha / 2, num_chunks, gradients
+    return RDropLoss(
+        *_LinearRDropLoss.apply(
+            hidden, hidden_pair, weight, labels.flatten(), label_smoothing, alpha / 2, num_chunks, gradients
+        )
     )

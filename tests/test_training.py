@@ -55,6 +55,22 @@ def val_bleu(log_dir: Path) -> list[float]:
         return [float(row["val/bleu"]) for row in csv.DictReader(metrics) if row.get("val/bleu")]
 
 
+def test_rdrop_logs_its_divergence_beside_the_loss(run_dir):
+    """With R-Drop, train/loss is the loss minimized (the cross-entropy plus rdrop_alpha / 4 times the divergence per
+    target token), and train/rdrop_divergence the divergence of the two dropout masks' distributions, at every step
+    that logs; a run without R-Drop logs none."""
+    fit("--model.rdrop_alpha=5", "--trainer.max_steps=4", "--trainer.log_every_n_steps=1")
+    newest = max(run_dir.glob("runs/demo/logs/version_*/metrics.csv"), key=lambda path: int(path.parent.name[8:]))
+    with open(newest) as metrics:
+        rows = [row for row in csv.DictReader(metrics) if row.get("train/loss")]
+    assert [int(row["step"]) for row in rows] == [0, 1, 2, 3]
+    divergences = [float(row["train/rdrop_divergence"]) for row in rows]
+    assert all(0 < divergence < float(row["train/loss"]) for divergence, row in zip(divergences, rows, strict=True))
+    fit("--trainer.max_steps=1", "--trainer.log_every_n_steps=1", "--trainer.default_root_dir=plain")
+    (plain,) = run_dir.glob("plain/logs/version_*/metrics.csv")
+    assert "train/rdrop_divergence" not in plain.read_text()
+
+
 def test_noam_schedule_is_the_papers_formula():
     lr = noam_lr_lambda(d_model=512, warmup_steps=4000)
     for step in (1, 100, 3999, 4000, 4001, 100_000):
@@ -157,7 +173,7 @@ def test_non_finite_loss_stops_with_a_message_naming_the_checkpoint_that_resumes
 
     def poisoned(self, batch, num_items_in_batch=None):
         loss = original(self, batch, num_items_in_batch)
-        return loss * float("nan") if self.global_step == 4 else loss
+        return loss._replace(loss=loss.loss * float("nan")) if self.global_step == 4 else loss
 
     monkeypatch.setattr(TranslationModule, "training_loss", poisoned)
     # The loss is read from the device every NON_FINITE_CHECK_INTERVAL steps and before every checkpoint: the one of

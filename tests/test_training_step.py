@@ -97,7 +97,7 @@ before = peak_rss()
 if sys.argv[1] == "chunked":
     linear_cross_entropy(hidden, weight, labels, 0.1).backward()
 elif sys.argv[1] == "rdrop":  # R-Drop's: the tokens are the two copies of 4,096 target tokens
-    rdrop_loss(hidden.view(2, tokens // 2, -1), weight, labels[: tokens // 2].view(1, -1), 0.1, 5.0).backward()
+    rdrop_loss(hidden.view(2, tokens // 2, -1), weight, labels[: tokens // 2].view(1, -1), 0.1, 5.0).loss.backward()
 else:
     F.cross_entropy(hidden @ weight.T, labels, label_smoothing=0.1, reduction="sum").backward()
 print(json.dumps(peak_rss() - before))
@@ -134,7 +134,8 @@ def test_translation_loss_is_the_chunked_loss_of_the_target_positions():
 
 def rdrop_reference(hidden, weight, labels, label_smoothing, alpha):
     """R-Drop's summed loss by torch's functions on the full logits: both copies' cross-entropies and alpha / 2 times
-    the two `kl_div`s, on the target tokens, in fp32 or fp64 (bf16 logits under autocast are scored in fp32)."""
+    the two `kl_div`s, on the target tokens, in fp32 or fp64 (bf16 logits under autocast are scored in fp32); and the
+    two `kl_div`s alone."""
     is_target = labels != -100
     logits = F.linear(hidden, weight)
     first, second = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(-1).chunk(2)
@@ -145,7 +146,8 @@ def rdrop_reference(hidden, weight, labels, label_smoothing, alpha):
     both_ways = F.kl_div(second, first, log_target=True, reduction="none") + F.kl_div(
         first, second, log_target=True, reduction="none"
     )
-    return cross_entropies + alpha / 2 * both_ways.sum(-1)[is_target].sum()
+    divergence = both_ways.sum(-1)[is_target].sum()
+    return cross_entropies + alpha / 2 * divergence, divergence
 
 
 @pytest.mark.parametrize("chunk_bytes", [loss.CPU_LOGITS_CHUNK_BYTES, 1000])
@@ -154,36 +156,38 @@ def test_rdrop_loss_is_two_cross_entropies_and_two_kl_divergences_in_value_and_g
     monkeypatch, chunk_bytes, label_smoothing, alpha
 ):
     """One chunk, and chunks of a few tokens each: the closed-form loss and its gradients equal autograd's of torch's
-    cross-entropies and `kl_div`s of the full logits (in fp64), on the target tokens only; alpha 0 leaves the two
-    cross-entropies, and equal halves add no divergence."""
+    cross-entropies and `kl_div`s of the full logits (in fp64), on the target tokens only, and so does the divergence
+    returned for the logs, whatever alpha; alpha 0 leaves the two cross-entropies, and equal halves add no
+    divergence."""
     monkeypatch.setattr(loss, "CPU_LOGITS_CHUNK_BYTES", chunk_bytes)
     hidden = (3 * torch.randn(6, 5, 16)).requires_grad_()
     weight = torch.randn(37, 16, requires_grad=True)
     labels = torch.randint(0, 37, (3, 5))
     labels[1, 3:] = labels[2, 0] = -100
     exact = [tensor.detach().double().requires_grad_() for tensor in (hidden, weight)]
-    expected = rdrop_reference(*exact, labels, label_smoothing, alpha)
+    expected, expected_divergence = rdrop_reference(*exact, labels, label_smoothing, alpha)
     expected_gradients = torch.autograd.grad(3 * expected, exact)
-    chunked = rdrop_loss(hidden, weight, labels, label_smoothing, alpha)
+    chunked, divergence = rdrop_loss(hidden, weight, labels, label_smoothing, alpha)
     torch.testing.assert_close(chunked.double(), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(divergence.double(), expected_divergence.detach(), rtol=1e-5, atol=1e-5)
+    assert not divergence.requires_grad and divergence > 0
     gradients = torch.autograd.grad(3 * chunked, (hidden, weight))
     for gradient, expected_gradient in zip(gradients, expected_gradients, strict=True):
         # fp32 rounding of log-probabilities of logits in the tens; torch's fp32 autograd is as far from fp64
         torch.testing.assert_close(gradient.double(), expected_gradient, rtol=3e-4, atol=3e-4)
     with torch.no_grad():
         same = torch.cat([hidden[:3], hidden[:3]])
-        torch.testing.assert_close(
-            rdrop_loss(same, weight, labels, label_smoothing, alpha),
-            rdrop_loss(same, weight, labels, label_smoothing, 0.0),
-        )
+        with_divergence, without = (rdrop_loss(same, weight, labels, label_smoothing, a) for a in (alpha, 0.0))
+        torch.testing.assert_close(with_divergence.loss, without.loss)
+        torch.testing.assert_close(with_divergence.divergence, torch.tensor(0.0), atol=1e-5, rtol=0)
 
 
 def test_rdrop_loss_under_bf16_autocast_projects_in_bf16_and_scores_in_fp32():
     hidden, weight = torch.randn(6, 5, 16, requires_grad=True), torch.randn(37, 16, requires_grad=True)
     labels = torch.randint(0, 37, (3, 5))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        expected = rdrop_reference(hidden, weight, labels, 0.1, 5.0)
-        chunked = rdrop_loss(hidden, weight, labels, 0.1, 5.0)
+        expected, _ = rdrop_reference(hidden, weight, labels, 0.1, 5.0)
+        chunked = rdrop_loss(hidden, weight, labels, 0.1, 5.0).loss
     # the same bf16 logits, summed in another order (per token, then over the chunks)
     torch.testing.assert_close(chunked, expected, rtol=1e-5, atol=1e-5)
     chunked.backward()
@@ -193,22 +197,25 @@ def test_rdrop_loss_under_bf16_autocast_projects_in_bf16_and_scores_in_fp32():
 @torch.no_grad()
 def test_rdrop_adds_alpha_times_the_divergence_of_two_dropout_masks_to_the_plain_loss():
     """Without dropout both copies of a pair agree: R-Drop's loss is the plain loss, whatever alpha. With dropout,
-    the same masks (the same seed) give a loss growing linearly with alpha, by a positive divergence."""
+    the same masks (the same seed) give a loss growing linearly with alpha, by alpha / 4 times the positive
+    divergence per target token that the training step logs (train/rdrop_divergence)."""
     torch.manual_seed(0)
     batch = padded_batch()
     without_dropout = {**TINY_CONFIG, "dropout": 0.0, "vocab_size": 64}
     plain = TranslationModule(config=without_dropout).train()
     rdrop = TranslationModule(config=without_dropout, rdrop_alpha=5.0).train()
     rdrop.load_state_dict(plain.state_dict())
-    assert float(rdrop.training_loss(batch)) == pytest.approx(float(plain.training_loss(batch)), rel=1e-5)
+    assert float(rdrop.training_loss(batch).loss) == pytest.approx(float(plain.training_loss(batch).loss), rel=1e-5)
+    assert plain.training_loss(batch).rdrop_divergence is None
     module = TranslationModule(config={**TINY_CONFIG, "dropout": 0.3, "vocab_size": 64}).train()
-    losses = {}
+    losses, divergences = {}, {}
     for alpha in (1.0, 3.0, 5.0):
         module.hparams.rdrop_alpha = alpha
         torch.manual_seed(1)
-        losses[alpha] = float(module.training_loss(batch))
-    assert losses[5.0] - losses[1.0] == pytest.approx(2 * (losses[3.0] - losses[1.0]), rel=1e-4)
-    assert losses[3.0] > losses[1.0]
+        losses[alpha], divergences[alpha] = map(float, module.training_loss(batch))
+    assert divergences[1.0] == divergences[3.0] == divergences[5.0] > 0
+    assert losses[5.0] - losses[1.0] == pytest.approx(divergences[1.0], rel=1e-4)
+    assert losses[3.0] - losses[1.0] == pytest.approx(divergences[1.0] / 2, rel=1e-4)
 
 
 def test_the_training_loss_compiles_into_one_graph():
@@ -236,7 +243,7 @@ def test_twenty_real_batches_of_varying_shapes_share_one_compiled_graph():
     shapes = set()
     for _, batch in zip(range(20), data.train_dataloader(), strict=False):
         shapes.add((*batch["input_ids"].shape, batch["labels"].shape[1]))
-        module.training_loss(batch).backward()
+        module.training_loss(batch).loss.backward()
     assert len(shapes) >= 5, shapes
     assert len(compilations) <= 2
 
@@ -251,7 +258,7 @@ def test_compiled_training_loss_equals_eager_in_loss_and_gradients(rdrop_alpha):
 
     def loss_and_gradients() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         module.zero_grad()
-        loss = module.training_loss(batch)
+        loss = module.training_loss(batch).loss
         loss.backward()
         return loss.detach(), {name: p.grad.clone() for name, p in module.named_parameters()}
 
