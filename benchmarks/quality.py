@@ -12,6 +12,10 @@ number to compare across papers that report sacreBLEU), lowercased sacreBLEU, ch
 that Multi30k papers report, and the compound-split tokenized BLEU of WMT14 en-de papers. Also the val -> test gaps, the
 run's budget (steps, target tokens) and its time (training minutes, the median target tokens/s), and a learning-curve
 plot. The JSON in benchmarks/results/ holds every scored run, one entry per recipe and seed, for the results tables.
+
+Each model's translations are kept in the run's folder (`translations.json`), so that a later run can be compared with
+it on the same sentences: `--paired-with runs/multi30k` scores this run's average against that run's by paired
+bootstrap resampling (`hf_transformer.scoring.paired_bootstrap`) on val and each test set.
 """
 
 import argparse
@@ -37,6 +41,7 @@ from hf_transformer.scoring import (
     SACREBLEU,
     SACREBLEU_LOWERCASED,
     format_scores,
+    paired_bootstrap,
     translation_scores,
 )
 from lightning_modules import TranslationDataModule, TranslationModule
@@ -52,6 +57,7 @@ from lightning_modules.module import model_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RATE = "throughput/target_tokens_per_sec"
+TRANSLATIONS = "translations.json"  # in the run's folder: each model's translations of each split
 Translator = tuple[TransformerForConditionalGeneration, PreTrainedTokenizerFast]
 
 
@@ -64,6 +70,7 @@ def score(translator: Translator, sources: list[str], references: list[str], max
     seconds = time.perf_counter() - started
     scores = translation_scores(hypotheses, references, "de")
     return {
+        "hypotheses": hypotheses,  # kept in the run's folder (`translations.json`), not in the results
         "decoding": decoding,
         "scores": {entry.name: entry.value for entry in scores},
         "how": {entry.name: entry.how for entry in scores},
@@ -75,6 +82,30 @@ def score(translator: Translator, sources: list[str], references: list[str], max
             for s, r, h in list(zip(sources, references, hypotheses, strict=True))[:5]
         ],
     }
+
+
+def paired_with(baseline_run: Path, translations: dict[str, list[str]], limit: int | None) -> dict:
+    """This run's average against `baseline_run`'s: each split's sacreBLEU by paired bootstrap resampling on the same
+    sentences (`translations` by split, as quality.py keeps them in the run's folder)."""
+    baseline = json.loads((baseline_run / TRANSLATIONS).read_text())["average"]
+    compared = {"run": str(baseline_run)}
+    for split, hypotheses in translations.items():
+        if split not in baseline:
+            print(f"paired with {baseline_run}: {split}: not in that run's translations, left out")
+            continue
+        references = read_split(split, "de")[:limit]
+        if len(baseline[split]) != len(references):
+            raise SystemExit(
+                f"--paired-with {baseline_run}: its {split} has {len(baseline[split])} translations, this run "
+                f"{len(references)}: score both with the same --limit and data"
+            )
+        comparison = paired_bootstrap(hypotheses, baseline[split], references)
+        compared[split] = dataclasses.asdict(comparison)
+        print(
+            f"paired with {baseline_run}: {split}: sacreBLEU {comparison.system:.2f} against {comparison.baseline:.2f} "
+            f"({comparison.system - comparison.baseline:+.2f}, p = {comparison.p_value:.3f})"
+        )
+    return compared
 
 
 def load(checkpoint: dict, device: str) -> Translator:
@@ -317,9 +348,16 @@ def main() -> None:
         "--trained-on",
         help="where the run trained, for the results pages (default: this machine's GPU, else its CPU)",
     )
+    parser.add_argument(
+        "--paired-with",
+        type=Path,
+        help="a run scored before (its folder): compare this run's average with its average on the same sentences",
+    )
     parser.add_argument("--out", default=str(RESULTS / "multi30k.json"))
     args = parser.parse_args()
     run = Path(args.run_dir)
+    if args.paired_with and not (args.paired_with / TRANSLATIONS).is_file():
+        parser.error(f"--paired-with: {args.paired_with / TRANSLATIONS} does not exist: score that run first")
     last = load_checkpoint(run / "checkpoints" / "last.ckpt")
 
     def val(checkpoint: dict) -> tuple[Translator, dict, dict]:
@@ -348,6 +386,7 @@ def main() -> None:
         "learning_curve": curves(metrics),
     }
     tests = test_splits("en", "de")
+    translations = {}
     for key, (checkpoint, (translator, decoding, best_on_val)) in checkpoints.items():
         settings = {"num_beams": decoding["num_beams"], "length_penalty": decoding["length_penalty"]}
         results = {"val": best_on_val}
@@ -356,11 +395,16 @@ def main() -> None:
             results[split] = score(translator, sources, references, args.max_tokens, **settings)
         val = results["val"]["scores"][args.select_on]
         gaps = {split: results[split]["scores"][args.select_on] - val for split in tests}
+        translations[key] = {split: result.pop("hypotheses") for split, result in results.items()}
         entry[key] = {"decoding": decoding, **results, "val_to_test_gap": gaps}
         print(f"\n{key} (step {checkpoint['global_step']}), {settings} chosen on val")
         for split in tests:
             print(f"{split}:\n{results[split]['table']}")
             print(f"val -> {split} gap ({args.select_on}): {gaps[split]:+.2f}")
+
+    (run / TRANSLATIONS).write_text(json.dumps(translations, ensure_ascii=False) + "\n")
+    if args.paired_with:
+        entry["paired_with"] = paired_with(args.paired_with, translations["average"], args.limit)
 
     minutes = f" ({entry['training_minutes']:.1f} min of training)" if entry["training_minutes"] else ""
     print(f"\nMulti30k en->de after {entry['steps']} steps{minutes}")

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, replace
 
 from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.significance import PairedTest
 from sacremoses import MosesTokenizer
 
 from .errors import UserError
@@ -78,6 +79,43 @@ def sacrebleu_interval(hypotheses: list[str], references: list[str], resamples: 
     formatted = json.loads(score.format(is_json=True, signature=str(metric.get_signature())))
     # sacreBLEU leaves the interval out where the resamples' mean is 0: every resample scored 0, an interval of 0.
     return formatted.get("confidence_var", 0.0)
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """sacreBLEU (`SACREBLEU`) of a system and of a baseline on the same sentences, by paired bootstrap resampling."""
+
+    system: float
+    baseline: float
+    p_value: float  # the chance of a difference at least this large between two equally good systems
+    system_interval: float  # the half-width of the system's 95% confidence interval over the resamples
+
+
+def paired_bootstrap(
+    hypotheses: list[str], baseline_hypotheses: list[str], references: list[str], resamples: int = 1000
+) -> PairedComparison:
+    """Is `hypotheses` better or worse than `baseline_hypotheses` on these sentences, or could the difference come from
+    which sentences were drawn? Paired bootstrap resampling (Koehn 2004) as `sacrebleu --paired-bs` computes it: both
+    systems scored on the same resamples of the sentences, its seed `SACREBLEU_SEED` (12345 unless set). Two systems
+    compared this way are told apart by smaller differences than each score's own interval (`sacrebleu_interval`)
+    suggests, since the sentences that are hard for one are hard for the other."""
+    if not len(hypotheses) == len(baseline_hypotheses) == len(references):
+        raise ValueError(
+            f"{len(hypotheses)} hypotheses and {len(baseline_hypotheses)} baseline hypotheses for {len(references)} "
+            "references: a paired comparison needs both systems' translations of the same sentences, one each."
+        )
+    test = PairedTest(
+        [("baseline", baseline_hypotheses), ("system", hypotheses)],
+        {SACREBLEU: _sacrebleu_metrics()[SACREBLEU]},
+        [references],
+        test_type="bs",
+        n_samples=resamples,
+    )
+    baseline, system = test()[1]["BLEU"]  # sacreBLEU names the results by its own name of the score
+    # sacreBLEU counts the resamples whose difference exceeds the observed one strictly, so that two equal scores get
+    # its smallest p-value, as if they differed: no difference needs no chance to explain it.
+    p_value = 1.0 if system.score == baseline.score else system.p_value
+    return PairedComparison(system.score, baseline.score, p_value, float(system.ci))
 
 
 def translation_scores(hypotheses: list[str], references: list[str], target_lang: str) -> list[Score]:

@@ -193,22 +193,16 @@ def test_quality_report_runs_on_a_short_run(run_dir):
     multi30k_dir()
     main([*TINY_FIT, "--trainer.max_steps=6", "--trainer.log_every_n_steps=2"])
     out = run_dir / "quality.json"
+    scoring = ("--beams", "4", "--length-penalties", "1.0", "--limit", "8", "--device", "cpu")
     run(
         str(BENCHMARKS / "quality.py"),
         "--run-dir",
         "runs/demo",
         "--average",
         "1,2",
-        "--beams",
-        "4",
-        "--length-penalties",
-        "1.0",
-        "--limit",
-        "8",
+        *scoring,
         "--select-on",
         "sacreBLEU, lowercased",
-        "--device",
-        "cpu",
         "--trained-on",
         "a GPU for steps 1-3, this CPU after",
         "--out",
@@ -232,6 +226,38 @@ def test_quality_report_runs_on_a_short_run(run_dir):
     assert (run_dir / "quality_learning_curve.png").exists()
     assert set(report["last_checkpoint"]["test_2016_flickr"]["scores"]) >= {"sacreBLEU", "tokenized BLEU, lowercased"}
     assert report["last_checkpoint"]["test_2016_flickr"]["sacrebleu_interval_95"] >= 0  # the test set's sampling
+    # Each model's translations stay in the run's folder, out of the results, for a later run's paired comparison:
+    # the same run compared with itself (the same translations) differs by nothing.
+    translations = json.loads((run_dir / "runs/demo/translations.json").read_text())
+    assert {split: len(lines) for split, lines in translations["average"].items()} == {"val": 8, "test_2016_flickr": 8}
+    assert translations.keys() == {"last_checkpoint", "average"} and "hypotheses" not in json.dumps(report)
+    paired = run_dir / "paired.json"
+    stdout = run(
+        str(BENCHMARKS / "quality.py"),
+        "--run-dir",
+        "runs/demo",
+        "--average",
+        "1,2",
+        *scoring,
+        "--paired-with",
+        "runs/demo",
+        "--out",
+        str(paired),
+        cwd=run_dir,
+    )
+    assert "paired with runs/demo: test_2016_flickr: sacreBLEU" in stdout
+    (again,) = json.loads(paired.read_text())["runs"]
+    assert set(again["paired_with"]) == {"run", "val", "test_2016_flickr"}
+    for comparison in (again["paired_with"]["val"], again["paired_with"]["test_2016_flickr"]):
+        assert comparison["system"] == comparison["baseline"] and comparison["p_value"] == 1.0
+    missing = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "quality.py"), "--run-dir", "runs/demo", "--paired-with", "nowhere"],
+        capture_output=True,
+        text=True,
+        cwd=run_dir,
+    )
+    assert missing.returncode == 2
+    assert "nowhere/translations.json does not exist: score that run first" in missing.stderr
 
 
 @pytest.mark.slow
