@@ -37,6 +37,7 @@ from report import headline_recipe
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, translate
+from hf_transformer.errors import UserError
 from hf_transformer.scoring import (
     SACREBLEU,
     SACREBLEU_LOWERCASED,
@@ -422,4 +423,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as error:  # a run folder or a setting that cannot be used: the message names the fix
+        raise SystemExit(f"quality.py: error: {error}") from None

@@ -258,6 +258,14 @@ def test_quality_report_runs_on_a_short_run(run_dir):
     )
     assert missing.returncode == 2
     assert "nowhere/translations.json does not exist: score that run first" in missing.stderr
+    too_many = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "quality.py"), "--run-dir", "runs/demo", "--average", "10"],
+        capture_output=True,
+        text=True,
+        cwd=run_dir,
+    )
+    assert too_many.returncode == 1 and "Traceback" not in too_many.stderr
+    assert "quality.py: error: asked to average 10 checkpoints but runs/demo/checkpoints holds 2" in too_many.stderr
 
 
 @pytest.mark.slow
