@@ -4,6 +4,9 @@ import gzip
 import os
 from pathlib import Path
 
+# In a run's folder: each scored model's translations of each split (quality.py writes it, compare.py reads it).
+TRANSLATIONS = "translations.json"
+
 
 def multi30k_dir() -> str:
     """The folder in MULTI30K_DIR, or exit saying how to set it."""

@@ -13,9 +13,8 @@ that Multi30k papers report, and the compound-split tokenized BLEU of WMT14 en-d
 run's budget (steps, target tokens) and its time (training minutes, the median target tokens/s), and a learning-curve
 plot. The JSON in benchmarks/results/ holds every scored run, one entry per recipe and seed, for the results tables.
 
-Each model's translations are kept in the run's folder (`translations.json`), so that a later run can be compared with
-it on the same sentences: `--paired-with runs/multi30k` scores this run's average against that run's by paired
-bootstrap resampling (`hf_transformer.scoring.paired_bootstrap`) on val and each test set.
+Each model's translations are kept in the run's folder (`translations.json`), so that runs can be compared on the same
+sentences later (`benchmarks/compare.py`).
 """
 
 import argparse
@@ -32,7 +31,7 @@ from pathlib import Path
 import torch
 import yaml
 from machine import device_name
-from multi30k import read_split, test_splits
+from multi30k import TRANSLATIONS, read_split, test_splits
 from report import headline_recipe
 from transformers import PreTrainedTokenizerFast
 
@@ -42,7 +41,6 @@ from hf_transformer.scoring import (
     SACREBLEU,
     SACREBLEU_LOWERCASED,
     format_scores,
-    paired_bootstrap,
     translation_scores,
 )
 from lightning_modules import TranslationDataModule, TranslationModule
@@ -58,7 +56,6 @@ from lightning_modules.module import model_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RATE = "throughput/target_tokens_per_sec"
-TRANSLATIONS = "translations.json"  # in the run's folder: each model's translations of each split
 Translator = tuple[TransformerForConditionalGeneration, PreTrainedTokenizerFast]
 
 
@@ -83,30 +80,6 @@ def score(translator: Translator, sources: list[str], references: list[str], max
             for s, r, h in list(zip(sources, references, hypotheses, strict=True))[:5]
         ],
     }
-
-
-def paired_with(baseline_run: Path, translations: dict[str, list[str]], limit: int | None) -> dict:
-    """This run's average against `baseline_run`'s: each split's sacreBLEU by paired bootstrap resampling on the same
-    sentences (`translations` by split, as quality.py keeps them in the run's folder)."""
-    baseline = json.loads((baseline_run / TRANSLATIONS).read_text())["average"]
-    compared = {"run": str(baseline_run)}
-    for split, hypotheses in translations.items():
-        if split not in baseline:
-            print(f"paired with {baseline_run}: {split}: not in that run's translations, left out")
-            continue
-        references = read_split(split, "de")[:limit]
-        if len(baseline[split]) != len(references):
-            raise SystemExit(
-                f"--paired-with {baseline_run}: its {split} has {len(baseline[split])} translations, this run "
-                f"{len(references)}: score both with the same --limit and data"
-            )
-        comparison = paired_bootstrap(hypotheses, baseline[split], references)
-        compared[split] = dataclasses.asdict(comparison)
-        print(
-            f"paired with {baseline_run}: {split}: sacreBLEU {comparison.system:.2f} against {comparison.baseline:.2f} "
-            f"({comparison.system - comparison.baseline:+.2f}, p = {comparison.p_value:.3f})"
-        )
-    return compared
 
 
 def load(checkpoint: dict, device: str) -> Translator:
@@ -349,16 +322,9 @@ def main() -> None:
         "--trained-on",
         help="where the run trained, for the results pages (default: this machine's GPU, else its CPU)",
     )
-    parser.add_argument(
-        "--paired-with",
-        type=Path,
-        help="a run scored before (its folder): compare this run's average with its average on the same sentences",
-    )
     parser.add_argument("--out", default=str(RESULTS / "multi30k.json"))
     args = parser.parse_args()
     run = Path(args.run_dir)
-    if args.paired_with and not (args.paired_with / TRANSLATIONS).is_file():
-        parser.error(f"--paired-with: {args.paired_with / TRANSLATIONS} does not exist: score that run first")
     last = load_checkpoint(run / "checkpoints" / "last.ckpt")
 
     def val(checkpoint: dict) -> tuple[Translator, dict, dict]:
@@ -404,8 +370,6 @@ def main() -> None:
             print(f"val -> {split} gap ({args.select_on}): {gaps[split]:+.2f}")
 
     (run / TRANSLATIONS).write_text(json.dumps(translations, ensure_ascii=False) + "\n")
-    if args.paired_with:
-        entry["paired_with"] = paired_with(args.paired_with, translations["average"], args.limit)
 
     minutes = f" ({entry['training_minutes']:.1f} min of training)" if entry["training_minutes"] else ""
     print(f"\nMulti30k en->de after {entry['steps']} steps{minutes}")

@@ -11,12 +11,14 @@ published table knows which number to compare with.
   tensor2tensor's `get_ende_bleu.sh` does, the measure behind the paper's 27.3 (base) and 28.4 (big) on WMT14 en-de.
 """
 
+import copy
 import json
+import os
 import re
 from dataclasses import dataclass, replace
 
+import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
-from sacrebleu.significance import PairedTest
 from sacremoses import MosesTokenizer
 
 from .errors import UserError
@@ -83,39 +85,77 @@ def sacrebleu_interval(hypotheses: list[str], references: list[str], resamples: 
 
 @dataclass(frozen=True)
 class PairedComparison:
-    """sacreBLEU (`SACREBLEU`) of a system and of a baseline on the same sentences, by paired bootstrap resampling."""
+    """sacreBLEU (`SACREBLEU`) of a system and of a baseline on the same sentences, each the mean over its runs (the
+    seeds of a setting), compared by paired bootstrap resampling (`paired_bootstrap`)."""
 
     system: float
     baseline: float
-    p_value: float  # the chance of a difference at least this large between two equally good systems
-    system_interval: float  # the half-width of the system's 95% confidence interval over the resamples
+    difference_interval: tuple[float, float]  # the 95% interval of system - baseline over the resamples
+    p_value: float  # two-sided: how often the resamples' difference has the other sign, doubled
 
 
 def paired_bootstrap(
-    hypotheses: list[str], baseline_hypotheses: list[str], references: list[str], resamples: int = 1000
+    systems: list[list[str]], baselines: list[list[str]], references: list[str], resamples: int = 1000
 ) -> PairedComparison:
-    """Is `hypotheses` better or worse than `baseline_hypotheses` on these sentences, or could the difference come from
-    which sentences were drawn? Paired bootstrap resampling (Koehn 2004) as `sacrebleu --paired-bs` computes it: both
-    systems scored on the same resamples of the sentences, its seed `SACREBLEU_SEED` (12345 unless set). Two systems
-    compared this way are told apart by smaller differences than each score's own interval (`sacrebleu_interval`)
-    suggests, since the sentences that are hard for one are hard for the other."""
-    if not len(hypotheses) == len(baseline_hypotheses) == len(references):
+    """Is a system better or worse than a baseline on these sentences, or could the difference come from which
+    sentences were drawn? Each side is one or more runs' translations of `references` (several seeds of one setting:
+    its score is their mean). Paired bootstrap resampling (Koehn 2004, "Statistical Significance Tests for Machine
+    Translation Evaluation"): `resamples` draws of the sentences with replacement, seeded by `SACREBLEU_SEED` (12345
+    unless set) as sacreBLEU's own tests are, and in each draw every run's corpus sacreBLEU of the same sentences, from
+    the sentences' n-gram statistics. Paired, a comparison tells apart smaller differences than each score's own
+    interval (`sacrebleu_interval`) suggests, since the sentences that are hard for one system are hard for the other.
+    """
+    runs = [*systems, *baselines]
+    if not systems or not baselines or any(len(run) != len(references) for run in runs):
         raise ValueError(
-            f"{len(hypotheses)} hypotheses and {len(baseline_hypotheses)} baseline hypotheses for {len(references)} "
-            "references: a paired comparison needs both systems' translations of the same sentences, one each."
+            f"runs of {[len(run) for run in systems]} and {[len(run) for run in baselines]} translations for "
+            f"{len(references)} references: a paired comparison needs at least one run on each side, each with one "
+            "translation of every reference."
         )
-    test = PairedTest(
-        [("baseline", baseline_hypotheses), ("system", hypotheses)],
-        {SACREBLEU: _sacrebleu_metrics()[SACREBLEU]},
-        [references],
-        test_type="bs",
-        n_samples=resamples,
+    metric = _sacrebleu_metrics()[SACREBLEU]
+    per_sentence = copy.copy(metric)
+    per_sentence.effective_order = True  # what sentence scores should use; the n-gram statistics are the same
+    # Each sentence's statistics as the corpus score sums them: output and reference lengths, n-gram matches, n-grams.
+    statistics = np.array(
+        [
+            [
+                [score.sys_len, score.ref_len, *score.counts, *score.totals]
+                for score in (per_sentence.sentence_score(hypothesis, [reference]) for hypothesis, reference in pairs)
+            ]
+            for pairs in (zip(run, references, strict=True) for run in runs)
+        ],
+        dtype=np.int64,
+    )  # [runs, sentences, statistics]
+    seed = os.environ.get("SACREBLEU_SEED", "12345")
+    generator = np.random.default_rng(None if seed.lower() == "none" else int(seed))
+    # How often each sentence is drawn in each resample, the whole corpus as the first row.
+    draws = generator.multinomial(len(references), np.full(len(references), 1 / len(references)), size=resamples)
+    weights = np.vstack([np.ones(len(references), dtype=np.int64), draws])
+    order = metric.max_ngram_order
+
+    def bleu(summed: np.ndarray) -> float:
+        return BLEU.compute_bleu(
+            summed[2 : 2 + order].tolist(),
+            summed[2 + order :].tolist(),
+            int(summed[0]),
+            int(summed[1]),
+            metric.smooth_method,
+            metric.smooth_value,
+            metric.effective_order,
+            order,
+        ).score
+
+    scores = np.array([[bleu(summed) for summed in weights @ run] for run in statistics])  # [runs, 1 + resamples]
+    system, baseline = scores[: len(systems)].mean(0), scores[len(systems) :].mean(0)
+    differences = system[1:] - baseline[1:]
+    other_sign = min((differences <= 0).sum(), (differences >= 0).sum())
+    low, high = np.percentile(differences, [2.5, 97.5])
+    return PairedComparison(
+        float(system[0]),
+        float(baseline[0]),
+        (float(low), float(high)),
+        min(1.0, 2 * (int(other_sign) + 1) / (resamples + 1)),
     )
-    baseline, system = test()[1]["BLEU"]  # sacreBLEU names the results by its own name of the score
-    # sacreBLEU counts the resamples whose difference exceeds the observed one strictly, so that two equal scores get
-    # its smallest p-value, as if they differed: no difference needs no chance to explain it.
-    p_value = 1.0 if system.score == baseline.score else system.p_value
-    return PairedComparison(system.score, baseline.score, p_value, float(system.ci))
 
 
 def translation_scores(hypotheses: list[str], references: list[str], target_lang: str) -> list[Score]:

@@ -3,6 +3,7 @@ asserted: speed is reported by running the scripts by hand (see README.md)."""
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -226,38 +227,23 @@ def test_quality_report_runs_on_a_short_run(run_dir):
     assert (run_dir / "quality_learning_curve.png").exists()
     assert set(report["last_checkpoint"]["test_2016_flickr"]["scores"]) >= {"sacreBLEU", "tokenized BLEU, lowercased"}
     assert report["last_checkpoint"]["test_2016_flickr"]["sacrebleu_interval_95"] >= 0  # the test set's sampling
-    # Each model's translations stay in the run's folder, out of the results, for a later run's paired comparison:
-    # the same run compared with itself (the same translations) differs by nothing.
+    # Each model's translations stay in the run's folder, out of the results, for compare.py: the run compared with
+    # itself (the same translations) differs by nothing.
     translations = json.loads((run_dir / "runs/demo/translations.json").read_text())
     assert {split: len(lines) for split, lines in translations["average"].items()} == {"val": 8, "test_2016_flickr": 8}
     assert translations.keys() == {"last_checkpoint", "average"} and "hypotheses" not in json.dumps(report)
-    paired = run_dir / "paired.json"
-    stdout = run(
-        str(BENCHMARKS / "quality.py"),
-        "--run-dir",
-        "runs/demo",
-        "--average",
-        "1,2",
-        *scoring,
-        "--paired-with",
-        "runs/demo",
-        "--out",
-        str(paired),
-        cwd=run_dir,
+    stdout = run(str(BENCHMARKS / "compare.py"), "--runs", "runs/demo", "--baseline", "runs/demo", cwd=run_dir)
+    assert re.search(
+        r"test_2016_flickr: ([\d.]+) against \1: \+0\.00 \(95% interval \+0\.00 to \+0\.00\), p = 1\.000", stdout
     )
-    assert "paired with runs/demo: test_2016_flickr: sacreBLEU" in stdout
-    (again,) = json.loads(paired.read_text())["runs"]
-    assert set(again["paired_with"]) == {"run", "val", "test_2016_flickr"}
-    for comparison in (again["paired_with"]["val"], again["paired_with"]["test_2016_flickr"]):
-        assert comparison["system"] == comparison["baseline"] and comparison["p_value"] == 1.0
     missing = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "quality.py"), "--run-dir", "runs/demo", "--paired-with", "nowhere"],
+        [sys.executable, str(BENCHMARKS / "compare.py"), "--runs", "runs/demo", "--baseline", "nowhere"],
         capture_output=True,
         text=True,
         cwd=run_dir,
     )
-    assert missing.returncode == 2
-    assert "nowhere/translations.json does not exist: score that run first" in missing.stderr
+    assert missing.returncode == 1
+    assert "nowhere/translations.json does not exist: score the run with benchmarks/quality.py first" in missing.stderr
     too_many = subprocess.run(
         [sys.executable, str(BENCHMARKS / "quality.py"), "--run-dir", "runs/demo", "--average", "10"],
         capture_output=True,

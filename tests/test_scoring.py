@@ -11,6 +11,7 @@ from hf_transformer.scoring import (
     format_scores,
     paired_bootstrap,
     sacrebleu_interval,
+    sacrebleu_scores,
     sacrebleu_signatures,
     translation_scores,
 )
@@ -118,23 +119,31 @@ def test_the_scores_printed_carry_sacrebleus_interval():
 
 
 def test_a_paired_comparison_tells_a_better_system_from_one_sentence_of_luck():
-    """Paired bootstrap resampling on 300 made-up sentences: the references beat a system with 30% of its words wrong
-    beyond doubt; that system with one sentence made right scores higher, but by a difference that the sentences
-    drawn explain; a system against itself differs by nothing (p-value 1). Mismatched lengths are refused."""
+    """Paired bootstrap resampling on 300 made-up sentences: each side's score is its corpus sacreBLEU (the mean of its
+    runs'); the references beat a system with 30% of its words wrong beyond doubt; that system with one sentence made
+    right scores higher, but by a difference that the sentences drawn explain; a system against itself differs by
+    nothing in every resample (p-value 1). Runs of other lengths are refused."""
     generator = random.Random(0)
     words = ["Mann", "Frau", "Kind", "Hund", "fährt", "läuft", "spielt", "liest", "auf", "der", "Straße", "im", "Park"]
     references = [" ".join(generator.choices(words, k=generator.randint(6, 14))) + "." for _ in range(300)]
-    worse = [
-        " ".join(w if generator.random() > 0.3 else generator.choice(words) for w in line.split())
-        for line in references
-    ]
+
+    def garbled() -> list[str]:
+        return [
+            " ".join(w if generator.random() > 0.3 else generator.choice(words) for w in line.split())
+            for line in references
+        ]
+
+    worse, other = garbled(), garbled()
     lucky = [references[0], *worse[1:]]
-    better = paired_bootstrap(references, worse, references)
-    assert better.system == pytest.approx(100) and better.baseline < 60 and better.p_value < 0.01
-    luck = paired_bootstrap(lucky, worse, references)
-    assert luck.system > luck.baseline and luck.p_value > 0.05
-    assert 0 < luck.system_interval < 5
-    same = paired_bootstrap(worse, worse, references)
-    assert same.system == same.baseline and same.p_value == 1.0
-    with pytest.raises(ValueError, match="1 hypotheses and 300 baseline hypotheses for 300 references"):
-        paired_bootstrap(worse[:1], worse, references)
+    sacrebleu = {name: sacrebleu_scores(run, references)[0].value for name, run in (("worse", worse), ("other", other))}
+    better = paired_bootstrap([references], [worse], references)
+    assert better.system == pytest.approx(100) and better.baseline == pytest.approx(sacrebleu["worse"])
+    assert better.difference_interval[0] > 0 and better.p_value < 0.01
+    luck = paired_bootstrap([lucky], [worse], references)
+    assert luck.system > luck.baseline and luck.difference_interval[0] == 0.0 and luck.p_value > 0.05
+    same = paired_bootstrap([worse], [worse], references)
+    assert same.system == same.baseline and same.difference_interval == (0.0, 0.0) and same.p_value == 1.0
+    seeds = paired_bootstrap([worse, other], [references], references)  # a setting of two seeds: their mean
+    assert seeds.system == pytest.approx((sacrebleu["worse"] + sacrebleu["other"]) / 2)
+    with pytest.raises(ValueError, match=r"runs of \[1\] and \[300\] translations for 300 references"):
+        paired_bootstrap([worse[:1]], [worse], references)
