@@ -91,7 +91,7 @@ class PairedComparison:
     system: float
     baseline: float
     difference_interval: tuple[float, float]  # the 95% interval of system - baseline over the resamples
-    p_value: float  # two-sided: how often the resamples' difference has the other sign, doubled
+    p_value: float  # two-sided: twice the share of resamples whose difference lies on the rarer side of 0
 
 
 def paired_bootstrap(
@@ -115,17 +115,14 @@ def paired_bootstrap(
     metric = _sacrebleu_metrics()[SACREBLEU]
     per_sentence = copy.copy(metric)
     per_sentence.effective_order = True  # what sentence scores should use; the n-gram statistics are the same
-    # Each sentence's statistics as the corpus score sums them: output and reference lengths, n-gram matches, n-grams.
-    statistics = np.array(
-        [
-            [
-                [score.sys_len, score.ref_len, *score.counts, *score.totals]
-                for score in (per_sentence.sentence_score(hypothesis, [reference]) for hypothesis, reference in pairs)
-            ]
-            for pairs in (zip(run, references, strict=True) for run in runs)
-        ],
-        dtype=np.int64,
-    )  # [runs, sentences, statistics]
+
+    def sentence_statistics(hypotheses: list[str]) -> list[list[int]]:
+        """Each sentence's statistics, which the corpus score sums: output and reference lengths, the matching
+        n-grams and the output's n-grams of each order."""
+        scores = (per_sentence.sentence_score(h, [r]) for h, r in zip(hypotheses, references, strict=True))
+        return [[score.sys_len, score.ref_len, *score.counts, *score.totals] for score in scores]
+
+    statistics = np.array([sentence_statistics(run) for run in runs], dtype=np.int64)  # [runs, sentences, statistics]
     seed = os.environ.get("SACREBLEU_SEED", "12345")
     generator = np.random.default_rng(None if seed.lower() == "none" else int(seed))
     # How often each sentence is drawn in each resample, the whole corpus as the first row.
