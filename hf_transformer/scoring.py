@@ -132,14 +132,14 @@ def paired_bootstrap(
 
     def bleu(summed: np.ndarray) -> float:
         return BLEU.compute_bleu(
-            summed[2 : 2 + order].tolist(),
-            summed[2 + order :].tolist(),
-            int(summed[0]),
-            int(summed[1]),
-            metric.smooth_method,
-            metric.smooth_value,
-            metric.effective_order,
-            order,
+            correct=summed[2 : 2 + order].tolist(),
+            total=summed[2 + order :].tolist(),
+            sys_len=int(summed[0]),
+            ref_len=int(summed[1]),
+            smooth_method=metric.smooth_method,
+            smooth_value=metric.smooth_value,
+            effective_order=metric.effective_order,
+            max_ngram_order=order,
         ).score
 
     scores = np.array([[bleu(summed) for summed in weights @ run] for run in statistics])  # [runs, 1 + resamples]
