@@ -39,9 +39,8 @@ def _rdrop_loss(
     p, q = log_p.exp(), log_q.exp()
     difference = log_p.sub_(log_q)  # d, in the buffer of log p
     p_minus_q = torch.sub(p, q, out=logits)
-    divergence = (p_minus_q * difference).sum(-1, keepdim=True)
-    loss = torch.where(is_target, cross_entropy + divergence_weight * divergence, 0.0).sum()
-    divergence = torch.where(is_target, divergence, 0.0).sum()
+    divergence = torch.where(is_target, (p_minus_q * difference).sum(-1, keepdim=True), 0.0).sum()
+    loss = torch.where(is_target, cross_entropy, 0.0).sum() + divergence_weight * divergence
     if not compute_gradient:
         return loss, divergence, None, None
     q_dot_d, p_dot_d = (q * difference).sum(-1, keepdim=True), (p * difference).sum(-1, keepdim=True)
