@@ -279,9 +279,8 @@ class TransformerPreTrainedModel(VerifiedLoading, PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        """Xavier-uniform linear layers (tensor2tensor, fairseq; on the fused Q/K/V matrix it is fairseq's gain
-        1/sqrt(2)), Hugging Face's N(0, init_std) embeddings (init_std = d_model^-0.5: scaled embeddings start at unit
-        variance) and identity LayerNorm; the sinusoid tables recomputed."""
+        """Xavier-uniform linear layers (tensor2tensor; on the fused Q/K/V, fairseq's gain 1/sqrt(2)), N(0, init_std)
+        embeddings (init_std = d_model^-0.5: scaled ones start at unit variance), identity LayerNorm, the sinusoids."""
         if isinstance(module, nn.Linear):
             init.xavier_uniform_(module.weight)
             if module.bias is not None:
@@ -446,9 +445,8 @@ class TransformerModel(TransformerPreTrainedModel):
             old = self.decoder.embed_tokens
             resized = nn.Embedding(value.num_embeddings, old.embedding_dim, old.padding_idx).to(old.weight)
             self._init_weights(resized)
-            rows = min(old.num_embeddings, value.num_embeddings)
-            with torch.no_grad():
-                resized.weight[:rows] = old.weight[:rows]
+            with torch.no_grad():  # the rows both have (a slice stops at the end)
+                resized.weight[: old.num_embeddings] = old.weight[: value.num_embeddings]
             self.decoder.embed_tokens = resized
         self.encoder.embed_tokens = value
 
@@ -467,6 +465,7 @@ class TransformerModel(TransformerPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,  # taken by `can_return_tuple`
     ) -> Seq2SeqModelOutput:
         asked = dict(output_attentions=output_attentions, output_hidden_states=output_hidden_states)
         asked = {name: flag for name, flag in asked.items() if flag is not None}  # else the stacks read the config's
@@ -544,6 +543,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,  # taken by `can_return_tuple`
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
         label_smoothing: float | None = None,
