@@ -36,6 +36,7 @@ from report import headline_recipe
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, translate
+from hf_transformer.decoding.translate import DECODING_MAX_TOKENS
 from hf_transformer.errors import UserError
 from hf_transformer.scoring import (
     SACREBLEU,
@@ -303,7 +304,7 @@ def main() -> None:
         help="length penalties to try on val",
     )
     parser.add_argument("--limit", type=int, default=None, help="score only the first N sentences of each split")
-    parser.add_argument("--max-tokens", type=int, default=8192)
+    parser.add_argument("--max-tokens", type=int, default=DECODING_MAX_TOKENS)
     parser.add_argument(
         "--device",
         default=here,

@@ -19,7 +19,7 @@ from hf_transformer import TransformerConfig, TransformerForConditionalGeneratio
 from hf_transformer.decoding.translate import beam_search
 from hf_transformer.errors import CheckpointError, ConfigError, TrainingDiverged
 from hf_transformer.export.folder import saved_config
-from hf_transformer.model.integrity import check_token_ids, non_finite_tensors, token_ids_checked_by_caller
+from hf_transformer.model.integrity import check_token_ids, non_finite_tensors
 from hf_transformer.model.loss import IGNORE_INDEX, target_span
 from hf_transformer.scoring import LOGGED_SCORES, sacrebleu_scores
 
@@ -300,14 +300,13 @@ class TranslationModule(pl.LightningModule):
             self._step_tokens = self._step_tokens + tokens
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        # The data module's collate checked the ids on the CPU; checked again here, they would make the step wait
-        # for the device (outside `training_loss`, which may be compiled).
+        # The data module's collate checked the ids on the CPU; a model in training mode does not check them again
+        # (a check would make the step wait for the device).
         if self._step_divisor is None:  # called outside a fit: the batch's own per-token loss
             tokens = divisor = (batch["labels"] != IGNORE_INDEX).sum()
         else:  # counted by `on_train_batch_start`
             tokens, divisor = self._batch_tokens, self._step_divisor
-        with token_ids_checked_by_caller():
-            loss, rdrop_divergence = self.training_loss(batch, divisor)
+        loss, rdrop_divergence = self.training_loss(batch, divisor)
         per_token = loss.detach() * divisor / tokens
         self.non_finite_losses += ~torch.isfinite(per_token)
         self.log("train/loss", per_token, prog_bar=True)

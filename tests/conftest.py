@@ -212,6 +212,9 @@ REMOTE_LOAD = textwrap.dedent(
     assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
     with torch.no_grad():
         logits = model(input_ids=inputs["source"], decoder_input_ids=inputs["target"]).logits
+        asked = dict(output_attentions=True, output_hidden_states=True)
+        outputs = model(input_ids=inputs["source"], decoder_input_ids=inputs["target"], **asked)
+    recorded = {name: torch.stack(getattr(outputs, name)) for name in RECORDED}
     beams = model.generate(inputs["source"], max_new_tokens=5)
     # The decoder alone continues from a cache passed by either name (renamed `cache` in transformers 5.24).
     decoder, encoded = model.get_decoder(), model.get_encoder()(inputs["source"]).last_hidden_state
@@ -221,8 +224,17 @@ REMOTE_LOAD = textwrap.dedent(
             first = decoder(inputs["target"][:, :-2], encoder_hidden_states=encoded, use_cache=True).to_tuple()
             continued[name] = decoder(inputs["target"][:, -2:], encoder_hidden_states=encoded, **{name: first[1]})[0]
         last_two = decoder(inputs["target"], encoder_hidden_states=encoded)[0][:, -2:]
-    torch.save({"logits": logits, "beams": beams, "continued": continued, "last_two": last_two}, outputs_path)
+    saved = {"logits": logits, "recorded": recorded, "beams": beams, "continued": continued, "last_two": last_two}
+    torch.save(saved, outputs_path)
     """
+)
+# What `capture_outputs` records when `output_attentions` and `output_hidden_states` ask.
+RECORDED = (
+    "encoder_hidden_states",
+    "encoder_attentions",
+    "decoder_hidden_states",
+    "decoder_attentions",
+    "cross_attentions",
 )
 
 
@@ -231,12 +243,13 @@ def load_without_the_package(
 ) -> dict[str, torch.Tensor] | str:
     """Load a saved folder with `trust_remote_code=True` in a fresh interpreter where `hf_transformer` cannot be
     imported (`pythonpath` first on its path, e.g. another transformers release) and return its logits for
-    (source, target), its beam search output for source, and its decoder's last two outputs of target, from one pass
-    (`last_two`) and continued from a cache passed by each name (`continued`); with `expect_failure`, the error output
-    instead."""
+    (source, target), the hidden states and attention weights it records for them (`recorded`: `RECORDED`, each
+    stacked over the layers), its beam search output for source, and its decoder's last two outputs of target, from
+    one pass (`last_two`) and continued from a cache passed by each name (`continued`); with `expect_failure`, the
+    error output instead."""
     work = Path(folder).parent
     torch.save({"source": source, "target": target}, work / "inputs.pt")
-    (work / "load.py").write_text(REMOTE_LOAD)
+    (work / "load.py").write_text(f"RECORDED = {RECORDED!r}\n{REMOTE_LOAD}")
     result = subprocess.run(
         [sys.executable, str(work / "load.py"), str(folder), str(work / "inputs.pt"), str(work / "outputs.pt")],
         cwd=work,

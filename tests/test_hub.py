@@ -399,13 +399,19 @@ def test_each_score_carries_the_signature_of_what_computed_it(tmp_path: Path) ->
 
 
 def test_the_cards_decoding_row_gives_the_output_bound_of_each_way_to_decode(tiny_tokenizer, tmp_path: Path) -> None:
-    """The saved `max_new_tokens` bounds `generate()` only: `translate()`, which validation, test, the translate
-    command and the server decode with, bounds the output by the source length."""
-    text = write_model_card(tmp_path, card_checkpoint()).read_text()
+    """A `max_new_tokens` saved by a model of 0.4 bounds its `generate()` only: `translate()`, which validation, test,
+    the translate command and the server decode with, bounds the output by the source length, and so does the
+    `generate()` of a model that saves no bound (as models do from 0.5 on)."""
+    checkpoint = card_checkpoint()
+    text = write_model_card(tmp_path, checkpoint).read_text()
     row = re.search(r"^\| Decoding \| (.*) \|$", text, re.MULTILINE).group(1)
     assert row.startswith("beam search with 4 beams, length penalty 0.6 (`generation_config.json`)")
     assert "at most 63 tokens with `generate()`" in row
     assert f"at most the source's length + {MAX_LENGTH_OFFSET} with `hf_transformer.translate()`" in row
+    del checkpoint["generation_config"]["max_new_tokens"]
+    text = write_model_card(tmp_path, checkpoint).read_text()
+    row = re.search(r"^\| Decoding \| (.*) \|$", text, re.MULTILINE).group(1)
+    assert f"length + {MAX_LENGTH_OFFSET} with `generate()`, the pipeline and `hf_transformer.translate()`" in row
 
     # A model that never ends its output runs to whichever bound applies.
     config = TransformerConfig(**{**make_tiny_config().to_dict(), "vocab_size": len(tiny_tokenizer)})

@@ -189,6 +189,44 @@ def test_attention_maps_are_returned_by_sdpa_and_eager_alike(tiny_config):
     torch.testing.assert_close(eager.logits, sdpa.logits, atol=1e-5, rtol=0)
 
 
+def test_every_layers_output_is_recorded_where_asked_and_the_outputs_stay_the_same(tiny_config):
+    """transformers' `capture_outputs` records each layer's input and output (and its attention weights) from the
+    layers' returns; with padding, the layers then compute every position (not only the ones that count, as they do
+    otherwise), so that the recorded states are [batch, length, d_model]. The outputs are the same either way, and
+    the config's `output_hidden_states` asks as the argument does."""
+    model = make_model(tiny_config)
+    inputs = padded_inputs(tiny_config)
+    with torch.no_grad():
+        plain = model(**inputs)
+        recorded = model(**inputs, output_hidden_states=True, output_attentions=True)
+        model.config.output_hidden_states = True
+        from_config = model(**inputs)
+    torch.testing.assert_close(recorded.logits, plain.logits, atol=1e-5, rtol=0)  # eager and sdpa round apart
+    assert plain.encoder_hidden_states is None and plain.decoder_attentions is None
+    for states, last in (
+        (recorded.encoder_hidden_states, recorded.encoder_last_hidden_state),
+        (recorded.decoder_hidden_states, None),
+    ):
+        assert len(states) == tiny_config.encoder_layers + 1
+        assert all(state.shape == states[0].shape and state.dim() == 3 for state in states)
+        if last is not None:
+            assert torch.equal(states[-1], last)
+    assert len(from_config.decoder_hidden_states) == tiny_config.decoder_layers + 1
+    assert len(recorded.decoder_attentions) == len(recorded.cross_attentions) == tiny_config.decoder_layers
+
+
+def test_unknown_keyword_arguments_are_refused(tiny_config):
+    """forward took **kwargs and dropped what it did not know: a misspelt argument changed nothing, silently."""
+    model = make_model(tiny_config)
+    source, target = random_batch(tiny_config)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'decoder_attention_masks'"):
+        model(input_ids=source, decoder_input_ids=target, decoder_attention_masks=torch.ones_like(target))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'output_attention'"):
+        model.model(input_ids=source, decoder_input_ids=target, output_attention=True)
+    with pytest.raises(ValueError, match=r"model_kwargs.* not used by the model: \['num_beam'\]"):
+        model.generate(source, num_beam=2, max_new_tokens=3)
+
+
 def test_sinusoidal_encoding_matches_the_formula():
     from hf_transformer.model.modeling_transformer import SinusoidalPositionalEncoding
 
@@ -441,7 +479,7 @@ def test_a_missing_decoder_input_names_what_to_pass(tiny_config):
     model = make_model(tiny_config)
     source, _ = random_batch(tiny_config)
     for call in (model, model.model):
-        with pytest.raises(ValueError, match=r"decoder_input_ids \(or decoder_inputs_embeds\), or.*labels"):
+        with pytest.raises(ValueError, match=r"exactly one of decoder_input_ids and decoder_inputs_embeds \(or labels"):
             call(input_ids=source)
 
 
@@ -624,33 +662,36 @@ def test_save_and_load_round_trip_exactly(tiny_config, tmp_path):
         assert torch.equal(table, sinusoids.to(table.dtype))
 
 
-def test_a_saved_model_takes_either_length_bound_without_a_warning(tiny_config, tmp_path):
-    """The saved bound is a number of new tokens, so `generate(max_new_tokens=n)` replaces it without transformers'
-    warning that max_length is set too, and a caller's `max_length` (as an argument or in a generation config) bounds
-    the output in its place, as it does for a stock model."""
+def test_generate_bounds_the_output_by_section_6_1_or_the_callers_bound_without_a_warning(tiny_config, tmp_path):
+    """Without a bound, a saved model's `generate()` stops at section 6.1's, the source's length + 50 tokens within the
+    positions (`max_new_tokens`), as `translate()` does: the bound saved before, min(256, positions) - 1 tokens
+    whatever the source, made the pipeline and `translate()` disagree. A caller's `max_new_tokens` or `max_length`
+    (as an argument or in a generation config) bounds the output in its place, without transformers' warnings."""
     from transformers import GenerationConfig
     from transformers.testing_utils import CaptureLogger
     from transformers.utils import logging
 
+    from hf_transformer.model.configuration_transformer import MAX_LENGTH_OFFSET, max_new_tokens
+
     make_model(tiny_config).save_pretrained(tmp_path / "model")
+    assert "max_new_tokens" not in json.loads((tmp_path / "model" / "generation_config.json").read_text())
     model = TransformerForConditionalGeneration.from_pretrained(tmp_path / "model").eval()
-    source = random_batch(tiny_config, batch=2)[0]
+    positions = tiny_config.max_position_embeddings
     with torch.no_grad():
         model.lm_head.weight[tiny_config.eos_token_id] = -1e4  # never ends early: the bound decides the length
     lengths = {}
     with CaptureLogger(logging.get_logger("transformers.generation.utils")) as captured:
+        for source_length in (5, 20):  # 55 new tokens, then 70 cut to the positions' 63
+            source = random_batch(tiny_config, batch=2, source_length=source_length)[0]
+            lengths[source_length] = model.generate(source, num_beams=1).shape[1] - 1  # - 1: the start token
         lengths["max_new_tokens"] = model.generate(source, max_new_tokens=3).shape[1]
         lengths["max_length"] = model.generate(source, max_length=5).shape[1]
-        lengths["saved"] = model.generate(source, num_beams=1).shape[1]
     assert captured.out == ""
-    # A generation config with max_length: the saved bound is unset by an argument beside it, which transformers
-    # notes once as a deprecated combination; the output keeps the caller's bound.
     with CaptureLogger(logging.get_logger("transformers.generation.utils")) as captured:
         lengths["config"] = model.generate(source, generation_config=GenerationConfig(max_length=6)).shape[1]
     assert "seem to have been set" not in captured.out
-    saved = model.generation_config.max_new_tokens + 1
-    assert lengths == {"max_new_tokens": 4, "max_length": 5, "config": 6, "saved": saved}
-    assert saved == min(256, tiny_config.max_position_embeddings)
+    assert lengths == {5: 5 + MAX_LENGTH_OFFSET, 20: positions - 1, "max_new_tokens": 4, "max_length": 5, "config": 6}
+    assert [max_new_tokens(n, positions) for n in (5, 20)] == [lengths[5], lengths[20]]
 
 
 def test_remote_code_load_without_the_package_gives_identical_outputs(tiny_config, tmp_path):
@@ -723,6 +764,7 @@ def test_seq2seq_trainer_trains_with_label_smoothing(tiny_config, tiny_tokenizer
         data_collator=DataCollatorForSeq2Seq(tiny_tokenizer, model=model),
     )
     assert trainer.label_smoother is not None
+    assert trainer.model_accepts_loss_kwargs  # it passes num_items_in_batch, which forward takes by name
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert losses[-1] < 0.5 * losses[0], losses

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_continues_under_both_cache_names, load_without_the_package
+from conftest import RECORDED, assert_continues_under_both_cache_names, load_without_the_package
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -91,6 +91,10 @@ def test_remote_code_gives_identical_outputs_under_older_transformers(version, s
         torch.testing.assert_close(
             remote["logits"], model(input_ids=source, decoder_input_ids=target).logits, atol=1e-6, rtol=0
         )
+        # Recorded by that release's `capture_outputs` (transformers.utils.output_capturing, from 5.4 on).
+        outputs = model(input_ids=source, decoder_input_ids=target, output_attentions=True, output_hidden_states=True)
+    for name in RECORDED:
+        torch.testing.assert_close(remote["recorded"][name], torch.stack(getattr(outputs, name)), atol=1e-6, rtol=0)
     assert torch.equal(remote["beams"], model.generate(source, max_new_tokens=5))
     assert_continues_under_both_cache_names(remote)
 

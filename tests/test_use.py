@@ -74,6 +74,24 @@ def test_a_source_longer_than_the_positions_is_cut_with_a_warning_naming_it(tiny
         translate(model, tiny_tokenizer, ["a dog"], max_length_offset=2)
 
 
+def test_the_pipeline_and_translate_bound_a_long_inputs_translation_alike(tiny_tokenizer):
+    """One output-length rule, section 6.1's (`max_new_tokens`): `generate()`, and so the pipeline, stopped a model
+    that never ends its output at a saved min(256, positions) - 1 tokens whatever the source, `translate()` at the
+    source's length + 50, so on a long input their translations differed."""
+    from hf_transformer.model.configuration_transformer import MAX_LENGTH_OFFSET, max_new_tokens
+
+    model = tiny_model(tiny_tokenizer, max_position_embeddings=512)
+    never_eos = torch.tensor([model.config.eos_token_id])
+    model.lm_head.register_forward_hook(lambda module, args, logits: logits.index_fill(-1, never_eos, float("-inf")))
+    sentence = " ".join([SENTENCES[0]] * 16)  # 209 tokens
+    source_length = len(tiny_tokenizer(sentence)["input_ids"])
+    assert max_new_tokens(source_length, 512) == source_length + MAX_LENGTH_OFFSET > 255
+    (best,) = translate(model, tiny_tokenizer, [sentence], num_beams=1, num_return_sequences=1)[0]
+    assert len(best.token_ids) - 1 == source_length + MAX_LENGTH_OFFSET  # - 1: the start token
+    (piped,) = TranslationPipeline(model=model, tokenizer=tiny_tokenizer)([sentence], num_beams=1)
+    assert piped["translation_text"] == best.text
+
+
 def test_wrong_input_gives_a_clear_error_or_a_sensible_result(tiny_tokenizer):
     model = tiny_model(tiny_tokenizer)
     with pytest.raises(TranslationInputError, match=r"not one string: pass \['4821'\]"):

@@ -11,6 +11,7 @@ from .attention_maps import (
     plot_attention_heads,
 )
 from .translate import (
+    DECODING_MAX_TOKENS,
     MAX_LENGTH_OFFSET,
     Hypothesis,
     SourceTruncatedWarning,
@@ -21,6 +22,7 @@ from .translate import (
 )
 
 __all__ = [
+    "DECODING_MAX_TOKENS",
     "MAX_LENGTH_OFFSET",
     "AttentionMaps",
     "Hypothesis",

@@ -17,7 +17,7 @@ from transformers import GenerationMixin, PreTrainedTokenizerBase
 
 from ..errors import MissingExtra, TranslationInputError
 from ..token_budget import pack_token_budget
-from .translate import MAX_LENGTH_OFFSET, check_sentences, translate
+from .translate import DECODING_MAX_TOKENS, MAX_LENGTH_OFFSET, check_sentences, translate
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -74,7 +74,7 @@ def attention_maps(
     *,
     num_beams: int | None = None,
     length_penalty: float | None = None,
-    max_tokens: int = 8192,
+    max_tokens: int = DECODING_MAX_TOKENS,
     max_length_offset: int = MAX_LENGTH_OFFSET,
 ) -> list[AttentionMaps]:
     """The attention weights of the translation of each sentence, every layer and head. The translations are those of

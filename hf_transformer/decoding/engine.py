@@ -13,7 +13,7 @@ from ..errors import MissingExtra, ModelNotFound, TranslationInputError, UserErr
 from ..export.folder import check_tokenizer_files
 from ..model import TransformerConfig, TransformerForConditionalGeneration
 from .attention_maps import AttentionMaps, attention_maps
-from .translate import Translation, check_decoding_settings, translate
+from .translate import DECODING_MAX_TOKENS, Translation, check_decoding_settings, translate
 
 if TYPE_CHECKING:
     from ..export.ctranslate2 import CTranslate2Translator
@@ -118,7 +118,7 @@ class TranslationEngine:
         *,
         num_beams: int | None = None,
         length_penalty: float | None = None,
-        max_tokens: int = 8192,
+        max_tokens: int = DECODING_MAX_TOKENS,
         num_return_sequences: int = 1,
     ) -> list[list[Translation]]:
         """The `num_return_sequences` best translations of each sentence, best first, as `translate` gives them

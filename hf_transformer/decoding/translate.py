@@ -12,10 +12,11 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from ..errors import TranslationInputError
+from ..model.configuration_transformer import MAX_LENGTH_OFFSET, max_new_tokens
 from ..token_budget import pack_token_budget
 
-# Section 6.1: "maximum output length to input length + 50".
-MAX_LENGTH_OFFSET = 50
+# The token budget of a decoding batch (source tokens x beams, padding included), of every tool that translates.
+DECODING_MAX_TOKENS = 8192
 # A score that never wins: what Hugging Face's beam search uses for "not a candidate".
 EXCLUDED = -1.0e9
 
@@ -140,14 +141,15 @@ def translate(
     *,
     num_beams: int | None = None,
     length_penalty: float | None = None,
-    max_tokens: int = 8192,
+    max_tokens: int = DECODING_MAX_TOKENS,
     max_length_offset: int = MAX_LENGTH_OFFSET,
     num_return_sequences: int | None = None,
 ) -> list[str] | list[list[Translation]]:
     """Translate `sentences` with `beam_search`, returning translations in the order of the input.
 
     Each translation is what `model.generate()` gives for that sentence alone, with at most its length +
-    `max_length_offset` output tokens (section 6.1 of the paper: 50). `num_beams` and `length_penalty` default to the
+    `max_length_offset` output tokens (section 6.1 of the paper: 50, the bound of `generate()` and of the pipeline too;
+    `max_new_tokens`). `num_beams` and `length_penalty` default to the
     model's generation config (the paper's 4 and 0.6 for this package's models); `num_beams=1` is greedy decoding.
     Sentences of similar length are decoded together, in batches of at most `max_tokens` source tokens counted with
     padding and beams. An empty (or blank) sentence translates to an empty string; a sentence longer than the model's
@@ -227,7 +229,7 @@ def beam_search(
     k = check_decoding_settings(model.generation_config, num_beams, num_return_sequences)
     length_penalty = model.generation_config.length_penalty if length_penalty is None else length_penalty
     # + 1 for the decoder start token
-    max_lengths = (attention_mask.sum(dim=1) + max_length_offset + 1).clamp(max=config.max_position_embeddings)
+    max_lengths = max_new_tokens(attention_mask.sum(dim=1), config.max_position_embeddings, max_length_offset) + 1
     batch_size = input_ids.shape[0]
     longest = int(max_lengths.max())
     device = input_ids.device

@@ -18,8 +18,15 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
-from ..decoding.translate import MAX_LENGTH_OFFSET, check_decoding_settings, check_sentences, prepare_sources
+from ..decoding.translate import (
+    DECODING_MAX_TOKENS,
+    MAX_LENGTH_OFFSET,
+    check_decoding_settings,
+    check_sentences,
+    prepare_sources,
+)
 from ..model import TransformerForConditionalGeneration
+from ..model.configuration_transformer import max_new_tokens
 from .marian import to_marian
 
 try:
@@ -101,7 +108,7 @@ class CTranslate2Translator:
         num_beams: int | None = None,
         length_penalty: float | None = None,
         max_length_offset: int = MAX_LENGTH_OFFSET,
-        max_tokens: int = 8192,
+        max_tokens: int = DECODING_MAX_TOKENS,
     ) -> list[str]:
         """Translate `sentences`, returning translations in the order of the input, with `translate()`'s treatment
         of its input: a blank sentence translates to "", a source longer than the model's positions is cut to them with
@@ -129,7 +136,7 @@ class CTranslate2Translator:
         num_beams: int | None = None,
         length_penalty: float | None = None,
         max_length_offset: int = MAX_LENGTH_OFFSET,
-        max_tokens: int = 8192,
+        max_tokens: int = DECODING_MAX_TOKENS,
     ) -> list[list[int]]:
         """The best hypothesis for each source (token ids, without padding), as token ids ending with </s> (or cut at
         the maximum length), without the decoder start token."""
@@ -148,7 +155,7 @@ class CTranslate2Translator:
                 length_penalty=length_penalty,
                 return_end_token=True,  # counts </s> in the length, as Hugging Face does
                 min_decoding_length=0,  # CTranslate2 defaults to 1, which forbids an empty translation
-                max_decoding_length=min(length + max_length_offset, max_positions - 1),  # - 1: the start token
+                max_decoding_length=max_new_tokens(length, max_positions, max_length_offset),
                 max_batch_size=max(1, max_tokens // (num_beams * length)),
             )
             for index, result in zip(indices, results, strict=True):

@@ -169,10 +169,12 @@ def to_marian(model: TransformerForConditionalGeneration) -> MarianMTModel:
     """A stock `MarianMTModel` (fp32, on the CPU, in eval mode) that computes the same logits as `model` and decodes
     the same tokens with `generate()`, so that the model can be used where `trust_remote_code` is not allowed.
 
-    The generation config (the paper's beam 4, length penalty 0.6, the output's bound, the special ids) is copied, so
-    `generate()` without arguments decodes as ours does; the bound is a `max_length`, as stock models save it (ours
-    saves `max_new_tokens` and lets a caller's `max_length` replace it, which a stock model would not). Raises
-    ValueError for models Marian cannot express (pre-LN).
+    The generation config (the paper's beam 4, length penalty 0.6, the special ids) is copied, so `generate()` decodes
+    as ours does. Its output's bound is a `max_length`, as stock models save it: the model's positions, which is where
+    ours bounds an output of a long source. A stock model cannot bound the output by its source's length, as ours does
+    where no bound is saved (section 6.1: `max_new_tokens`): pass `max_new_tokens` to compare them on short sources.
+    A bound that ours saves (as models of 0.3 and 0.4 did) is kept. Raises ValueError for models Marian
+    cannot express (pre-LN).
     """
     config = model.config
     marian = MarianMTModel(marian_config(config))
@@ -185,10 +187,11 @@ def to_marian(model: TransformerForConditionalGeneration) -> MarianMTModel:
     marian.load_state_dict(state, strict=True)
 
     # Replaces the one MarianMTModel derived from its config; ours has no forced_eos_token_id or bad_words_ids.
-    marian.generation_config = copy.deepcopy(model.generation_config)
-    if marian.generation_config.max_new_tokens is not None:
-        bound = marian.generation_config.max_new_tokens + 1  # max_length counts the start token
-        marian.generation_config.max_length, marian.generation_config.max_new_tokens = bound, None
+    generation = marian.generation_config = copy.deepcopy(model.generation_config)
+    if generation.max_new_tokens is not None:  # max_length counts the start token
+        generation.max_length, generation.max_new_tokens = generation.max_new_tokens + 1, None
+    elif generation.max_length is None:
+        generation.max_length = config.max_position_embeddings
     return marian.eval()
 
 

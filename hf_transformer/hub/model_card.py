@@ -375,14 +375,17 @@ def _decoding(run: _RunFacts) -> str:
     text = f"beam search with {beams} beams" if beams > 1 else "greedy search"
     if generation.get("length_penalty") is not None:
         text += f", length penalty {generation['length_penalty']}"
-    # The saved bound is `generate()`'s only: `translate()` (validation, test, `hf-transformer translate`, `serve`)
-    # reads the beams and the length penalty from the generation config, and bounds the output by the source length.
+    # `translate()` (validation, test, `hf-transformer translate`, `serve`) reads the beams and the length penalty from
+    # the generation config and bounds the output by section 6.1's rule; so does `generate()` (and the translation
+    # pipeline), unless the generation config saves a bound of its own, as the models of 0.3 and 0.4 did.
     ours = "`hf_transformer.translate()` (the scores below, `hf-transformer translate` and `serve`)"
     lengths = [f"at most the source's length + {MAX_LENGTH_OFFSET} with {ours}"]
     if generation.get("max_new_tokens"):
         lengths.insert(0, f"at most {generation['max_new_tokens']} tokens with `generate()`")
     elif generation.get("max_length"):  # a model of 0.3, which saved the bound with the start token
         lengths.insert(0, f"at most {generation['max_length'] - 1} tokens with `generate()`")
+    else:
+        lengths = [f"at most the source's length + {MAX_LENGTH_OFFSET} with `generate()`, the pipeline and {ours}"]
     return f"{text} (`generation_config.json`); output length: {', '.join(lengths)}"
 
 

@@ -44,6 +44,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 
+# Section 6.1: "We set the maximum output length during inference to input length + 50, but terminate early when
+# possible." The one rule of `generate()` (so of the translation pipeline), `translate()` and CTranslate2's.
+MAX_LENGTH_OFFSET = 50
+
+
+def max_new_tokens(source_length: Any, max_positions: int, offset: int = MAX_LENGTH_OFFSET) -> Any:
+    """The most tokens a translation of `source_length` tokens takes (</s> included, the start token not): the source's
+    length + `offset`, within the decoder's `max_positions` (of which the start token takes one). An int, or a tensor
+    of lengths."""
+    limit = source_length + offset
+    return min(limit, max_positions - 1) if isinstance(limit, int) else limit.clamp(max=max_positions - 1)
+
 
 # The fields that decide the shapes of the weights (a checkpoint of other values is another model).
 SHAPE_FIELDS = (
@@ -167,4 +179,4 @@ class TransformerConfig(PretrainedConfig):
                 )
 
 
-__all__ = ["MIN_TRANSFORMERS_VERSION", "PRESETS", "TransformerConfig"]
+__all__ = ["MAX_LENGTH_OFFSET", "MIN_TRANSFORMERS_VERSION", "PRESETS", "TransformerConfig", "max_new_tokens"]

@@ -2,10 +2,8 @@
 error deep inside torch. Saved model folders carry this file with their remote code (the modeling file imports it
 relatively)."""
 
-import contextlib
-import contextvars
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import torch
 from safetensors import SafetensorError
@@ -23,29 +21,14 @@ def non_finite_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> lis
     return [name for (name, _), ok in zip(named, finite, strict=True) if not ok]
 
 
-# Set by `token_ids_checked_by_caller`. A context variable rather than an argument of `forward`: the checks sit where
-# ids enter the stacks (`generate` calls the encoder itself), three calls below the model a trainer calls.
-_CHECKED_BY_CALLER = contextvars.ContextVar("token_ids_checked_by_caller", default=False)
-
-
-@contextlib.contextmanager
-def token_ids_checked_by_caller() -> Iterator[None]:
-    """Within it, `check_token_ids` checks nothing, for a caller that checked its ids where it built the batch, on
-    the CPU (the training module: its data module's collate checks them). On a GPU the check reads its result from
-    the device, which waits for every kernel queued before it: three waits in each training step."""
-    token = _CHECKED_BY_CALLER.set(True)
-    try:
-        yield
-    finally:
-        _CHECKED_BY_CALLER.reset(token)
-
-
 def check_token_ids(
     input_ids: torch.Tensor, vocab_size: int, ignore_index: int | None = None, name: str = "input_ids"
 ) -> None:
     """Raise a readable error for an empty batch or ids outside [0, vocab_size) (other than `ignore_index`). Skipped
-    under `torch.compile`, whose graphs cannot raise on values, and within `token_ids_checked_by_caller`."""
-    if torch.compiler.is_compiling() or _CHECKED_BY_CALLER.get():
+    under `torch.compile`, whose graphs cannot raise on values. On a GPU the check waits for the device to compute its
+    answer: the model checks its ids unless it is training, when a data pipeline checks them once, on the CPU (this
+    package's collate does)."""
+    if torch.compiler.is_compiling():
         return
     if input_ids.numel() == 0:
         raise ValueError(
@@ -84,6 +67,16 @@ def check_attention_mask(
             f"{name} has shape {tuple(attention_mask.shape)}, but {masked} has shape {expected} ([batch, length]): a "
             "2-D attention mask holds one entry per token (1 = token, 0 = padding). Pass the attention mask that the "
             "tokenizer returned with these ids."
+        )
+
+
+def check_labels(labels: torch.Tensor, decoder_inputs: torch.Tensor) -> None:
+    """Raise a readable error when the decoder input (ids or embeddings) is not of the labels' [batch, length]."""
+    if decoder_inputs.shape[:2] != labels.shape:
+        raise ValueError(
+            f"labels has shape {tuple(labels.shape)}, but the decoder input has shape "
+            f"{tuple(decoder_inputs.shape[:2])}: the loss scores the decoder output at each position against the "
+            "label there. Pass decoder_input_ids of the labels' shape, or leave them out to derive them from labels."
         )
 
 

@@ -1,9 +1,9 @@
 """The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017), from scratch.
 
 Each class maps onto a part of the paper, in its order: attention (eq. 1, 3.2), feed-forward (eq. 2), "Add & Norm",
-positional encoding (3.5), encoder and decoder layers and stacks (3.1), the models and their loss (3.4, 5.4). The
-plumbing (attention backends, masks, cache, generation, save/load) is Hugging Face's. Layers take the paper's
-arguments (hidden states, mask, cache); the mask's type, `PackedMask` (`speed.py`), lets them skip padding.
+positional encoding (3.5), encoder and decoder layers and stacks (3.1), the models, their loss and decoding (3.4, 5.4,
+6.1). The plumbing (attention backends, masks, cache, generation, recording outputs, save/load) is Hugging Face's.
+Layers take the paper's arguments and return hidden states; the mask's type, `PackedMask` (`speed.py`), skips padding.
 """
 
 import math
@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
@@ -27,10 +27,11 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
 from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import capture_outputs
 
 from .compat import CACHE_NAME, accepts_past_key_values
-from .configuration_transformer import TransformerConfig
-from .integrity import VerifiedLoading, check_attention_mask, check_positions, check_token_ids
+from .configuration_transformer import TransformerConfig, max_new_tokens
+from .integrity import VerifiedLoading, check_attention_mask, check_labels, check_positions, check_token_ids
 from .loss import IGNORE_INDEX, shift_tokens_right, target_span, translation_loss
 from .speed import PackedMask, apply_dropout
 
@@ -43,7 +44,6 @@ def scaled_dot_product_attention(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
-    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V  (eq. 1), the "eager" backend, which `output_attentions=True`
     runs (sdpa, the default, computes the same without materialising the weights). q, k, v are [batch, heads, length,
@@ -66,7 +66,6 @@ def scaled_dot_product_attention(
 
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V) (3.2.2).
-
     The W_i of all heads lie side by side in one matrix per input, and inputs from the same tensor are projected in one
     matrix multiply (the subclasses). This class splits the heads, runs eq. 1 with the configured backend and W^O."""
 
@@ -92,17 +91,16 @@ class MultiHeadAttention(nn.Module):
 
     def attend(self, query, key, value, mask: PackedMask, output_attentions: bool) -> tuple[torch.Tensor, ...]:
         """Eq. 1 on the heads [batch, heads, length, d_k], then W^O: the output (packed as `mask` packs) and the
-        attention weights (if asked)."""
-        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, scaled_dot_product_attention
-        )
+        attention weights (if asked), which the stacks' `capture_outputs` records from this return."""
+        implementation = self.config._attn_implementation
+        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, scaled_dot_product_attention)
         if output_attentions and attention is not scaled_dot_product_attention:
-            if self.config._attn_implementation != "sdpa":
+            if implementation != "sdpa":
                 raise ValueError(
-                    f"output_attentions=True needs attn_implementation 'eager' or 'sdpa', not "
-                    f"{self.config._attn_implementation!r}: call model.set_attn_implementation('eager') first."
+                    f"output_attentions=True needs attn_implementation 'eager' or 'sdpa', not {implementation!r}: "
+                    "call model.set_attn_implementation('eager') first."
                 )
-            attention = scaled_dot_product_attention  # fused kernels never materialise the weights
+            attention = scaled_dot_product_attention  # eq. 1 written out: sdpa's fused kernel never holds the weights
         dropout = self.attention_dropout if self.training else 0.0
         output, weights = attention(self, query, key, value, mask.mask, dropout=dropout, scaling=self.scaling)
         batch, length = output.shape[:2]
@@ -176,9 +174,8 @@ class PositionwiseFeedForward(nn.Module):
 
 
 class AddAndNorm(nn.Module):
-    """The "Add & Norm" around every sub-layer (3.1, 5.4): post-LN (the paper) LayerNorm(x + Dropout(Sublayer(x))),
-    pre-LN (`normalize_before`) x + Dropout(Sublayer(LayerNorm(x))). Use: x = add_norm(x, sublayer(add_norm.
-    sublayer_input(x)))."""
+    """Add & Norm, around each sub-layer (3.1, 5.4): post-LN (the paper) LayerNorm(x + Dropout(Sublayer(x))), pre-LN
+    (`normalize_before`) x + Dropout(Sublayer(LayerNorm(x))). x = add_norm(x, sublayer(add_norm.sublayer_input(x)))."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -227,12 +224,12 @@ class EncoderLayer(GradientCheckpointingLayer):
 
     def forward(
         self, hidden_states: torch.Tensor, attention_mask: PackedMask, output_attentions: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> torch.Tensor:
         sublayer_input = self.self_attn_add_norm.sublayer_input(hidden_states)
-        attended, self_attn_weights = self.self_attn(sublayer_input, attention_mask, None, output_attentions)
+        attended, _ = self.self_attn(sublayer_input, attention_mask, None, output_attentions)
         hidden_states = self.self_attn_add_norm(hidden_states, attended)
         transformed = self.feed_forward(self.feed_forward_add_norm.sublayer_input(hidden_states))
-        return self.feed_forward_add_norm(hidden_states, transformed), self_attn_weights
+        return self.feed_forward_add_norm(hidden_states, transformed)
 
 
 class DecoderLayer(GradientCheckpointingLayer):
@@ -256,17 +253,17 @@ class DecoderLayer(GradientCheckpointingLayer):
         encoder_attention_mask: PackedMask,
         cache: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    ) -> torch.Tensor:
         sublayer_input = self.self_attn_add_norm.sublayer_input(hidden_states)
-        attended, self_attn_weights = self.self_attn(sublayer_input, attention_mask, cache, output_attentions)
+        attended, _ = self.self_attn(sublayer_input, attention_mask, cache, output_attentions)
         hidden_states = self.self_attn_add_norm(hidden_states, attended)
         sublayer_input = self.encoder_attn_add_norm.sublayer_input(hidden_states)
-        attended, cross_attn_weights = self.encoder_attn(
+        attended, _ = self.encoder_attn(
             sublayer_input, encoder_hidden_states, encoder_attention_mask, cache, output_attentions
         )
         hidden_states = self.encoder_attn_add_norm(hidden_states, attended)
         transformed = self.feed_forward(self.feed_forward_add_norm.sublayer_input(hidden_states))
-        return self.feed_forward_add_norm(hidden_states, transformed), self_attn_weights, cross_attn_weights
+        return self.feed_forward_add_norm(hidden_states, transformed)
 
 
 class TransformerPreTrainedModel(VerifiedLoading, PreTrainedModel):
@@ -282,9 +279,8 @@ class TransformerPreTrainedModel(VerifiedLoading, PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        """Xavier-uniform linear layers (tensor2tensor, fairseq; on the fused Q/K/V matrix it is fairseq's gain
-        1/sqrt(2)), Hugging Face's N(0, init_std) embeddings (init_std = d_model^-0.5: scaled embeddings start at unit
-        variance) and identity LayerNorm; the sinusoid tables recomputed."""
+        """Xavier-uniform linear layers (tensor2tensor; on the fused Q/K/V, fairseq's gain 1/sqrt(2)), N(0, init_std)
+        embeddings (init_std = d_model^-0.5: scaled ones start at unit variance), identity LayerNorm, the sinusoids."""
         if isinstance(module, nn.Linear):
             init.xavier_uniform_(module.weight)
             if module.bias is not None:
@@ -295,29 +291,30 @@ class TransformerPreTrainedModel(VerifiedLoading, PreTrainedModel):
             super()._init_weights(module)
 
 
-class TransformerStack(nn.Module):
-    """What the encoder and decoder share: token embeddings * sqrt(d_model) + positional encodings, then dropout
-    (3.4, 3.5, 5.4), N layers, and a final LayerNorm when pre-LN."""
+class TransformerStack(TransformerPreTrainedModel):
+    """What the encoder and decoder share: token embeddings * sqrt(d_model) + positional encodings, then dropout (3.4,
+    3.5, 5.4), N layers, a final LayerNorm when pre-LN. A model, as Marian's stacks, so that `capture_outputs` records
+    what `_can_record_outputs` names; no `post_init`: its holder initializes all weights, in their usual order."""
 
     def __init__(self, config: TransformerConfig, layers: list[nn.Module]):
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.positional_encoding = SinusoidalPositionalEncoding(config.max_position_embeddings, config.d_model)
         self.layers = nn.ModuleList(layers)
         self.layer_norm = nn.LayerNorm(config.d_model) if config.normalize_before else None
-        # Set by `gradient_checkpointing_enable`; `merge_with_config_defaults` reads it to turn the decoder's use_cache
-        # off in checkpointed training, where the backward replay of a layer would update the cache a second time.
+        # Set by `gradient_checkpointing_enable`; `merge_with_config_defaults` then turns the decoder's cache off.
         self.gradient_checkpointing = False
 
     def embed(
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int | torch.Tensor = 0
     ) -> torch.Tensor:
         if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+            raise ValueError(f"{self.positions_of.capitalize()} needs exactly one of {self.inputs}.")
+        # Later decoding steps feed back predictions. In training, the ids come from a data pipeline that checks them
+        # once (this package's collate, on the CPU): checked here, each step would wait for the GPU.
         if inputs_embeds is None:
-            if not isinstance(past_length, torch.Tensor) and past_length == 0:  # later steps feed back predictions
+            if not self.training and not isinstance(past_length, torch.Tensor) and past_length == 0:
                 check_token_ids(input_ids, self.embed_tokens.weight.shape[0])
             inputs_embeds = self.embed_tokens(input_ids)
         length = inputs_embeds.shape[1]
@@ -326,46 +323,30 @@ class TransformerStack(nn.Module):
         embeddings = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)
         return apply_dropout(embeddings, p=self.config.dropout, training=self.training)
 
-    def run_layers(
-        self,
-        hidden_states: torch.Tensor,
-        mask: PackedMask,
-        output_attentions: bool | None,
-        output_hidden_states: bool | None,
-        *layer_args,
-        **layer_kwargs,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None, list[tuple[torch.Tensor, ...] | None]]:
-        """The N layers (3.1) on the packed tokens, then pre-LN's final LayerNorm. Returns the output, every layer's
-        input and the output, and the attention weights of each kind (self, cross) over the layers (each if asked)."""
-        if output_attentions is None:
-            output_attentions = self.config.output_attentions
-        if output_hidden_states is None:
-            output_hidden_states = self.config.output_hidden_states
-        all_hidden_states, all_weights = [], []
+    def asked(self, flag: bool | None, name: str) -> bool:
+        """An `output_*` flag as `capture_outputs` reads it: the argument, or where it is left out the config's."""
+        return bool(getattr(self.config, name) if flag is None else flag)
+
+    def run_layers(self, hidden_states: torch.Tensor, mask: PackedMask, *layer_args, **layer_kwargs) -> torch.Tensor:
+        """The N layers (3.1) on the packed tokens, then pre-LN's final LayerNorm."""
         hidden_states = mask.pack(hidden_states)
         for layer in self.layers:
-            all_hidden_states.append(mask.unpack(hidden_states) if output_hidden_states else None)
             # Tensors that need gradients go positionally (reentrant checkpointing differentiates only those), the
             # cache by keyword: `GradientCheckpointingLayer` drops only a keyword `cache` when it checkpoints.
-            hidden_states, *weights = layer(
-                hidden_states, mask, *layer_args, output_attentions=output_attentions, **layer_kwargs
-            )
-            all_weights.append(weights)
-        hidden_states = mask.unpack(hidden_states if self.layer_norm is None else self.layer_norm(hidden_states))
-        all_hidden_states = (*all_hidden_states, hidden_states) if output_hidden_states else None
-        weights = [kind if output_attentions else None for kind in zip(*all_weights, strict=True)]
-        return hidden_states, all_hidden_states, weights
+            hidden_states = layer(hidden_states, mask, *layer_args, **layer_kwargs)
+        return mask.unpack(hidden_states if self.layer_norm is None else self.layer_norm(hidden_states))
 
 
 class TransformerEncoder(TransformerStack):
     """The encoder: N identical layers over the embedded source (3.1)."""
 
-    positions_of = "the source"
+    positions_of, inputs = "the source", "input_ids and inputs_embeds"
+    _can_record_outputs = {"hidden_states": EncoderLayer, "attentions": SelfAttention}
 
     def __init__(self, config: TransformerConfig):
         super().__init__(config, [EncoderLayer(config) for _ in range(config.encoder_layers)])
 
-    @can_return_tuple
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -376,26 +357,33 @@ class TransformerEncoder(TransformerStack):
     ) -> BaseModelOutput:
         hidden_states = self.embed(input_ids, inputs_embeds)
         check_attention_mask(attention_mask, hidden_states.shape[:2], "attention_mask", self.positions_of)
-        # Padding is masked as keys, so no real output depends on what the layers compute there: skip it (the output
-        # there is zeros). The prepared mask is None when nothing is padded, so sdpa can take its fastest path.
-        mask = PackedMask(attention_mask, create_bidirectional_mask(self.config, hidden_states, attention_mask))
-        hidden_states, all_hidden_states, (attentions,) = self.run_layers(
-            hidden_states, mask, output_attentions, output_hidden_states
-        )
-        return BaseModelOutput(hidden_states, all_hidden_states, attentions)
+        # Padding is masked as keys, so no real output depends on what the layers compute there: skip it (zeros in the
+        # output) unless each layer's output is recorded. The mask is None without padding: sdpa's fastest path.
+        needed = None if self.asked(output_hidden_states, "output_hidden_states") else attention_mask
+        mask = PackedMask(needed, create_bidirectional_mask(self.config, hidden_states, attention_mask))
+        output_attentions = self.asked(output_attentions, "output_attentions")
+        return BaseModelOutput(self.run_layers(hidden_states, mask, output_attentions=output_attentions))
 
 
 class TransformerDecoder(TransformerStack):
-    """The decoder: N identical layers over the embedded target, shifted right by one position (3.1)."""
+    """The decoder: N identical layers over the embedded target, shifted right by one position (3.1). Without a cache,
+    positions after each row's last one that `attention_mask` marks are not computed (zeros in the output): under the
+    causal mask no earlier position depends on them."""
 
     positions_of = "the target"
+    inputs = "decoder_input_ids and decoder_inputs_embeds (or labels: TransformerForConditionalGeneration shifts them)"
+    _can_record_outputs = {
+        "hidden_states": DecoderLayer,
+        "attentions": SelfAttention,
+        "cross_attentions": EncoderDecoderAttention,
+    }
 
     def __init__(self, config: TransformerConfig):
         super().__init__(config, [DecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)])
 
     @accepts_past_key_values
-    @can_return_tuple
     @merge_with_config_defaults
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -408,8 +396,6 @@ class TransformerDecoder(TransformerStack):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
-        """Without a cache, the positions after each row's last one that `attention_mask` marks are not computed
-        (zeros in the output): under the causal mask no earlier position depends on them."""
         if encoder_hidden_states is None:
             raise ValueError("The decoder attends to the encoder output: pass encoder_hidden_states.")
         if not use_cache:  # the config's use_cache where None (`merge_with_config_defaults`)
@@ -426,31 +412,18 @@ class TransformerDecoder(TransformerStack):
             encoder_attention_mask, encoder_hidden_states.shape[:2], "attention_mask", "the encoder output"
         )
         self_attention_cache = cache.self_attention_cache if cache is not None else None
+        packed = cache is None and not self.asked(output_hidden_states, "output_hidden_states")
         self_mask = PackedMask.causal(
-            attention_mask if cache is None else None,
+            attention_mask if packed else None,
             create_causal_mask(self.config, hidden_states, attention_mask, **{CACHE_NAME: self_attention_cache}),
         )
-        cross_mask = self_mask.with_mask(
-            create_bidirectional_mask(
-                self.config, hidden_states, encoder_attention_mask, encoder_hidden_states=encoder_hidden_states
-            )
+        encoder_mask = create_bidirectional_mask(
+            self.config, hidden_states, encoder_attention_mask, encoder_hidden_states=encoder_hidden_states
         )
-        hidden_states, all_hidden_states, (self_attentions, cross_attentions) = self.run_layers(
-            hidden_states,
-            self_mask,
-            output_attentions,
-            output_hidden_states,
-            encoder_hidden_states,
-            encoder_attention_mask=cross_mask,
-            cache=cache,
-        )
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states,
-            hidden_states=all_hidden_states,
-            attentions=self_attentions,
-            cross_attentions=cross_attentions,
-            **{CACHE_NAME: cache},
-        )
+        cross_mask = self_mask.with_mask(encoder_mask)  # the same packing of the queries
+        options = dict(cache=cache, output_attentions=self.asked(output_attentions, "output_attentions"))
+        hidden_states = self.run_layers(hidden_states, self_mask, encoder_hidden_states, cross_mask, **options)
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, **{CACHE_NAME: cache})
 
 
 class TransformerModel(TransformerPreTrainedModel):
@@ -472,9 +445,8 @@ class TransformerModel(TransformerPreTrainedModel):
             old = self.decoder.embed_tokens
             resized = nn.Embedding(value.num_embeddings, old.embedding_dim, old.padding_idx).to(old.weight)
             self._init_weights(resized)
-            rows = min(old.num_embeddings, value.num_embeddings)
-            with torch.no_grad():
-                resized.weight[:rows] = old.weight[:rows]
+            with torch.no_grad():  # the rows both have (a slice stops at the end)
+                resized.weight[: old.num_embeddings] = old.weight[: value.num_embeddings]
             self.decoder.embed_tokens = resized
         self.encoder.embed_tokens = value
 
@@ -493,28 +465,17 @@ class TransformerModel(TransformerPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,  # taken by `can_return_tuple`
     ) -> Seq2SeqModelOutput:
-        if decoder_input_ids is None and decoder_inputs_embeds is None:
-            raise ValueError(
-                "The decoder has no input: pass decoder_input_ids (or decoder_inputs_embeds), or, to "
-                "TransformerForConditionalGeneration, labels, from which it derives them (shifted right)."
-            )
+        asked = dict(output_attentions=output_attentions, output_hidden_states=output_hidden_states)
+        asked = {name: flag for name, flag in asked.items() if flag is not None}  # else the stacks read the config's
         if encoder_outputs is None:
-            encoder_outputs = self.encoder(
-                input_ids, attention_mask, inputs_embeds, output_attentions, output_hidden_states
-            )
+            encoder_outputs = self.encoder(input_ids, attention_mask, inputs_embeds, **asked)
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
+        options = dict(cache=cache, inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, **asked)
         decoder_outputs = self.decoder(
-            decoder_input_ids,
-            encoder_outputs.last_hidden_state,
-            decoder_attention_mask,
-            attention_mask,
-            cache=cache,
-            inputs_embeds=decoder_inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            decoder_input_ids, encoder_outputs.last_hidden_state, decoder_attention_mask, attention_mask, **options
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
@@ -529,31 +490,32 @@ class TransformerModel(TransformerPreTrainedModel):
 
 
 class TransformerForConditionalGeneration(TransformerPreTrainedModel, GenerationMixin):
-    """The full translation model: encoder-decoder plus the pre-softmax projection onto the vocabulary (3.4). With
-    `labels`, the decoder reads them shifted right and the loss is section 5.4's: cross-entropy per target token with
-    label smoothing `config.label_smoothing`."""
+    """The full translation model: encoder-decoder and the pre-softmax projection onto the vocabulary (3.4). With
+    `labels`, the decoder reads them shifted right; the loss is 5.4's, label-smoothed (`config.label_smoothing`)."""
 
     _tied_weights_keys = {"lm_head.weight": "model.encoder.embed_tokens.weight"}
+    # The Hugging Face Trainer passes `num_items_in_batch` to a model that says so (or whose forward takes **kwargs).
+    accepts_loss_kwargs = True
 
     def __init__(self, config: TransformerConfig):
         super().__init__(config)
         self.model = TransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
-        # The paper's decoding (6.1), saved with the model (generation_config.json) unless a trainer sets others. The
-        # output's bound is a number of new tokens (the start token takes a position), so that a caller's own
-        # max_new_tokens replaces it: with a saved max_length, transformers warns that both are set at every call.
+        # The paper's decoding (6.1), saved with the model (generation_config.json) unless a trainer sets others; the
+        # output's length follows `max_new_tokens` below, which depends on the source, so it is not saved.
         self.generation_config.num_beams = 4
         self.generation_config.length_penalty = 0.6
-        self.generation_config.max_new_tokens = min(256, config.max_position_embeddings) - 1
 
-    def generate(self, *args, **kwargs):
-        """`GenerationMixin.generate`, where a caller's `max_length` (an argument, or in a `generation_config` passed
-        in) bounds the output in place of the saved `max_new_tokens`, which transformers would let win."""
-        passed = kwargs.get("generation_config")
-        if "max_new_tokens" not in kwargs and (kwargs.get("max_length") or getattr(passed, "max_length", None)):
-            kwargs["max_new_tokens"] = None
-        return super().generate(*args, **kwargs)
+    def generate(self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, **kwargs):
+        """`GenerationMixin.generate`, whose output, where no bound is set (by argument, in a `generation_config` passed
+        or in the model's), is at most `max_new_tokens` (6.1) of the source's length (a padded batch's longest)."""
+        names, configs = ("max_new_tokens", "max_length"), (generation_config, self.generation_config)
+        bounds = [kwargs.get(name) for name in names] + [getattr(c, name, None) for c in configs for name in names]
+        source = kwargs.get("input_ids", kwargs.get("inputs_embeds", inputs))
+        if all(bound is None for bound in bounds) and source is not None:
+            kwargs["max_new_tokens"] = max_new_tokens(source.shape[1], self.config.max_position_embeddings)
+        return super().generate(inputs, generation_config, **kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -561,8 +523,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
     @staticmethod
     def _reorder_cache(cache: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
         """Beam search in `generate()` calls this at every step: only the self-attention cache follows the surviving
-        beams. A beam only ever continues a beam of its own sentence, and all beams of a sentence hold the same encoder
-        keys and values, so reordering those would copy them for nothing."""
+        beams. All beams of a sentence hold the same encoder keys and values: reordering them would copy for nothing."""
         cache.self_attention_cache.reorder_cache(beam_idx)
         return cache
 
@@ -582,13 +543,13 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,  # taken by `can_return_tuple`
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
         label_smoothing: float | None = None,
         return_logits: bool | None = None,
-        **kwargs,
     ) -> Seq2SeqLMOutput:
-        r"""The arguments of Hugging Face's encoder-decoder models, and:
+        r"""The arguments of Hugging Face's encoder-decoder models (any other is refused), and:
 
         Args:
             labels: target ids [batch, target_length], -100 where nothing counts in the loss; without a
@@ -597,25 +558,18 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
                 tensor.
             num_items_in_batch: target tokens of all accumulated micro-batches (the Hugging Face Trainer passes it):
                 the summed loss is divided by it instead of by this batch's, so that every token weighs equally.
-            label_smoothing: this call's epsilon_ls instead of `config.label_smoothing` (0.0: the plain
-                log-likelihood).
+            label_smoothing: this call's epsilon_ls instead of `config.label_smoothing` (0.0: plain log-likelihood).
             return_logits: with `labels`, whether to compute the logits too; by default in eval mode only, where
                 Hugging Face's Trainer reads them for its metrics: training never holds them all (`loss.py`).
         """
         if labels is not None:
             # Training: a cache would hold every layer's keys and values for nothing and turn off padding removal.
             use_cache = False
-            check_token_ids(labels, self.config.vocab_size, ignore_index=IGNORE_INDEX, name="labels")
+            if not self.training:  # in training, the data pipeline checks them (`TransformerStack.embed`)
+                check_token_ids(labels, self.config.vocab_size, ignore_index=IGNORE_INDEX, name="labels")
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
-            decoder_inputs = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
-            if decoder_inputs.shape[:2] != labels.shape:
-                raise ValueError(
-                    f"labels has shape {tuple(labels.shape)}, but the decoder input has shape "
-                    f"{tuple(decoder_inputs.shape[:2])}: the loss scores the decoder output at each position against "
-                    "the label there. Pass decoder_input_ids of the labels' shape, or leave them out to derive them "
-                    "from labels."
-                )
+            check_labels(labels, decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds)
             if decoder_attention_mask is None:
                 decoder_attention_mask = target_span(labels)
         outputs = self.model(
@@ -639,8 +593,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         if labels is None or (not self.training if return_logits is None else return_logits):
             keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             logits = self.lm_head(hidden_states[:, keep])
-        # Every field of the model's output (cache, hidden states, attentions) but its last hidden states.
-        fields = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
+        fields = {name: value for name, value in outputs.items() if name != "last_hidden_state"}  # cache, attentions...
         return Seq2SeqLMOutput(loss=loss, logits=logits, **fields)
 
 

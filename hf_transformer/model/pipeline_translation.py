@@ -13,8 +13,10 @@ from transformers import Pipeline
 
 
 class TranslationPipeline(Pipeline):
-    """Translates sentences with `model.generate()`; the generation defaults come from the saved generation config
-    (beam 4, length penalty 0.6 as in the paper) and any `generate` keyword overrides them per call."""
+    """Translates sentences with `model.generate()`: the generation defaults come from the saved generation config
+    (beam 4, length penalty 0.6 as in the paper), the output's bound from the sentence's length as `translate()` takes
+    it (section 6.1, `max_new_tokens`; with `batch_size` > 1, from the batch's longest), and any `generate` keyword
+    overrides them per call."""
 
     _load_processor = False
     _load_image_processor = False

@@ -56,6 +56,20 @@ class ExactResume(pl.Callback):
 INTERRUPTIONS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 
+class InterruptibleTrainer(pl.Trainer):
+    """`pl.Trainer` that its callbacks can ask to stop at the end of the step (or validation batch) under way, as
+    Lightning stops after a SIGTERM: with `stop_requested = True`. Lightning's loops check `received_sigterm` there
+    and, under DDP, broadcast rank 0's at every step, so that every rank stops after the same step; a public property,
+    which this class extends. Lightning 2.6 has no public way to ask for that stop: `should_stop` runs a validation
+    first and ends the epoch, which a resumed run would then skip. The CLI trains with this class."""
+
+    stop_requested = False
+
+    @property
+    def received_sigterm(self) -> bool:
+        return self.stop_requested or super().received_sigterm
+
+
 class ResumableCheckpoint(ModelCheckpoint):
     """`ModelCheckpoint` whose `last.ckpt` is the one state that `--ckpt_path last` resumes, in a folder that belongs
     to one run.
@@ -84,7 +98,8 @@ class ResumableCheckpoint(ModelCheckpoint):
       held that step's dropout draws and the data was a batch ahead: the resumed run never trained on that batch. A
       second Ctrl-C stops at once, without saving (the state then is no step's). The run exits 130 after a Ctrl-C and
       143 after a SIGTERM (128 + the signal's number, as a process that the signal ended): Lightning's SIGTERM exited
-      0, as a finished run does.
+      0, as a finished run does. The trainer must be an `InterruptibleTrainer` (the CLI's); with another, a Ctrl-C is
+      Python's KeyboardInterrupt, where it lands.
 
     Lightning's `OnExceptionCheckpoint` is not used: with it, `fit` resumes by itself and its file wins over
     `last.ckpt` even when written at step 0 or from non-finite weights.
@@ -157,11 +172,13 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._dropped = []
         self._saved_step = self._saving_step = trainer.global_step
         self._stopped_by = signal.SIGTERM
-        self._hold_ctrl_c(trainer)
+        if isinstance(trainer, InterruptibleTrainer):
+            trainer.stop_requested = False
+            self._hold_ctrl_c(trainer)
 
-    def _hold_ctrl_c(self, trainer: pl.Trainer) -> None:
-        """Until training ends, a Ctrl-C sets the flag of Lightning's SIGTERM: the loops stop at the end of the step
-        or validation batch under way (under DDP, rank 0's flag reaches every rank at the next step) and
+    def _hold_ctrl_c(self, trainer: InterruptibleTrainer) -> None:
+        """Until training ends, a Ctrl-C asks the trainer to stop as after a SIGTERM: the loops stop at the end of the
+        step or validation batch under way (under DDP, rank 0's request reaches every rank at the next step) and
         `on_exception` saves that state."""
         handler = signal.getsignal(signal.SIGINT)
         if threading.current_thread() is not threading.main_thread() or handler in (signal.SIG_IGN, None):
@@ -170,11 +187,9 @@ class ResumableCheckpoint(ModelCheckpoint):
         def stop_after_this_step(number: int, frame: Any) -> None:
             self._release_ctrl_c()  # a second Ctrl-C stops at once
             self._stopped_by = signal.SIGINT
-            # The flag that Lightning's SIGTERM handler sets, behind the read-only `trainer.received_sigterm`: a private
-            # name, as Lightning 2.6 has no public way to ask for its stop at the end of a step (which its
-            # loops check, and broadcast from rank 0 under DDP); calling its SIGTERM handler instead would signal the
-            # other ranks and run a collective inside this handler on every rank that Ctrl-C reaches.
-            trainer._signal_connector.received_sigterm = True
+            # Not Lightning's SIGTERM handler: it would signal the other ranks and run a collective inside this
+            # handler on every rank that Ctrl-C reaches.
+            trainer.stop_requested = True
             if trainer.is_global_zero:  # not print(): the main thread may be inside a write to stderr
                 os.write(
                     sys.stderr.fileno(),

@@ -20,6 +20,7 @@ from hf_transformer.errors import ConfigError, UserError
 from hf_transformer.scoring import format_scores, translation_scores
 
 from ..callbacks import LineProgress, ResumableCheckpoint
+from ..callbacks.resume import InterruptibleTrainer
 from ..checkpoint import read_checkpoint
 from ..data import TranslationDataModule
 from ..module import (
@@ -126,6 +127,7 @@ class TranslationCLI(LightningCLI):
             args=args,
             parser_class=TranslationArgumentParser,
             parser_kwargs={"prog": "hf-transformer", **_defaults_for(run=kwargs.get("run", True))},
+            trainer_class=kwargs.pop("trainer_class", InterruptibleTrainer),  # a Ctrl-C stops after its step
             trainer_defaults={"use_distributed_sampler": False},  # the data module shards its token-budget batches
             save_config_kwargs={"overwrite": True},
             # No --optimizer / --lr_scheduler: they would silently replace the module's AdamW and warm-up schedule

@@ -15,7 +15,12 @@ from typing import TextIO
 
 from hf_transformer.decoding.attention_maps import alignment, format_alignment
 from hf_transformer.decoding.engine import TranslationEngine
-from hf_transformer.decoding.translate import SourceTruncatedWarning, Translation, truncation_message
+from hf_transformer.decoding.translate import (
+    DECODING_MAX_TOKENS,
+    SourceTruncatedWarning,
+    Translation,
+    truncation_message,
+)
 from hf_transformer.errors import DataError, UserError
 from hf_transformer.export.folder import umask_mode
 
@@ -245,7 +250,10 @@ def _parser() -> argparse.ArgumentParser:
         "counts from 0; SCORE: summed log-probabilities / length ** length penalty)",
     )
     parser.add_argument(
-        "--max-tokens", type=int, default=8192, help="token budget of a batch: source tokens x beams (default: 8192)"
+        "--max-tokens",
+        type=int,
+        default=DECODING_MAX_TOKENS,
+        help=f"token budget of a batch: source tokens x beams (default: {DECODING_MAX_TOKENS})",
     )
     parser.add_argument(
         "--reference",

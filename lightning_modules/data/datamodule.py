@@ -16,6 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerFast
 
+from hf_transformer.decoding.translate import DECODING_MAX_TOKENS
 from hf_transformer.errors import DataError
 
 from .batching import ResumableDataLoader, TokenBudgetBatchSampler, TranslationCollator
@@ -134,7 +135,7 @@ class TranslationDataModule(pl.LightningDataModule):
         tokenizer_dir: str | None = None,
         max_tokens: int = 4096,
         max_sentences: int | None = None,
-        eval_max_tokens: int = 8192,
+        eval_max_tokens: int = DECODING_MAX_TOKENS,
         max_source_positions: int = 256,
         max_target_positions: int = 256,
         num_workers: int = 0,
