@@ -407,8 +407,9 @@ def test_torch_compile_gives_the_same_loss_and_gradients(tiny_config):
         torch.testing.assert_close(compiled_gradients[name], gradient, msg=name)
 
 
-def test_token_ids_outside_the_vocabulary_give_a_clear_error(tiny_config):
-    model = make_model(tiny_config)
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "training on the CPU"])
+def test_token_ids_outside_the_vocabulary_give_a_clear_error(tiny_config, training):
+    model = make_model(tiny_config).train(training)  # only training on a GPU leaves the check to the data pipeline
     source, target = random_batch(tiny_config)
     source[0, 2] = tiny_config.vocab_size + 5
     with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 64\).*resize_token_embeddings"):

@@ -22,13 +22,17 @@ def non_finite_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> lis
 
 
 def check_token_ids(
-    input_ids: torch.Tensor, vocab_size: int, ignore_index: int | None = None, name: str = "input_ids"
+    input_ids: torch.Tensor,
+    vocab_size: int,
+    ignore_index: int | None = None,
+    name: str = "input_ids",
+    training: bool = False,
 ) -> None:
     """Raise a readable error for an empty batch or ids outside [0, vocab_size) (other than `ignore_index`). Skipped
-    under `torch.compile`, whose graphs cannot raise on values. On a GPU the check waits for the device to compute its
-    answer: the model checks its ids unless it is training, when a data pipeline checks them once, on the CPU (this
-    package's collate does)."""
-    if torch.compiler.is_compiling():
+    under `torch.compile`, whose graphs cannot raise on values, and for a model `training` on a GPU: there the check
+    would wait for the device at every step, and the data pipeline checks the ids once, on the CPU (this package's
+    collate does). On a CPU it costs no wait, so a training loop of your own still gets this error."""
+    if torch.compiler.is_compiling() or (training and input_ids.device.type != "cpu"):
         return
     if input_ids.numel() == 0:
         raise ValueError(

@@ -311,11 +311,11 @@ class TransformerStack(TransformerPreTrainedModel):
     ) -> torch.Tensor:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"{self.positions_of.capitalize()} needs exactly one of {self.inputs}.")
-        # Later decoding steps feed back predictions. In training, the ids come from a data pipeline that checks them
-        # once (this package's collate, on the CPU): checked here, each step would wait for the GPU.
+        # Later decoding steps feed back predictions. In training on a GPU, the ids come from a data pipeline that
+        # checks them once (this package's collate, on the CPU): checked here, each step would wait for the device.
         if inputs_embeds is None:
-            if not self.training and not isinstance(past_length, torch.Tensor) and past_length == 0:
-                check_token_ids(input_ids, self.embed_tokens.weight.shape[0])
+            if not isinstance(past_length, torch.Tensor) and past_length == 0:
+                check_token_ids(input_ids, self.embed_tokens.weight.shape[0], training=self.training)
             inputs_embeds = self.embed_tokens(input_ids)
         length = inputs_embeds.shape[1]
         check_positions(past_length + length, self.config.max_position_embeddings, self.positions_of)
@@ -565,8 +565,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         if labels is not None:
             # Training: a cache would hold every layer's keys and values for nothing and turn off padding removal.
             use_cache = False
-            if not self.training:  # in training, the data pipeline checks them (`TransformerStack.embed`)
-                check_token_ids(labels, self.config.vocab_size, ignore_index=IGNORE_INDEX, name="labels")
+            check_token_ids(labels, self.config.vocab_size, IGNORE_INDEX, "labels", training=self.training)
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
             check_labels(labels, decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds)
