@@ -21,7 +21,7 @@ def main(argv: list[str]) -> None:
     output = Path(args.output)
     _check_image_type(output)
     engine = load_engine(args.model, args.average, args.device)
-    engine.require_model("attention weights")
+    engine.require_one_model("attention weights")
     engine.check_settings(args.num_beams)
     config = engine.model.config
     layers = config.encoder_layers if args.kind == "encoder" else config.decoder_layers

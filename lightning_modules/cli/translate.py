@@ -43,7 +43,7 @@ def main(argv: list[str]) -> None:
         engine = load_engine(args.model, args.average, args.device)
         engine.check_settings(args.num_beams, args.length_penalty, args.n_best)
         if args.alignments:
-            engine.require_model("alignments")
+            engine.require_one_model("alignments")
         hypotheses = translate_lines(engine, sources, output, args)
     if references is not None:
         print_scores(hypotheses, references, args.reference, args.target_lang or reference_language(args.reference))
