@@ -3,6 +3,7 @@ model when the ensemble has one member, combine the members' distributions by th
 property of `translate()` (batch and padding independence, n-best lists, the length penalty)."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -210,3 +211,55 @@ def test_the_log_of_the_mean_probability_is_fairseqs_formula(members):
     expected = (sum(each.exp() for each in log_probs) / 3).log()
     torch.testing.assert_close(Ensemble(members + members[:1]).combine(log_probs), expected)
     assert torch.equal(Ensemble(members[:1]).combine(log_probs[:1]), log_probs[0])  # one member: its own, exactly
+
+
+# --- the test command ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_test_command_scores_the_ensemble_of_its_checkpoint_and_other_runs(run_dir, capsys):
+    """`test --ensemble_with` translates the test split with the ensemble of the --ckpt_path model and the other runs'
+    models, sharing their tokenizer (a second seed of the run), and logs no loss; fit refuses the option, and a model
+    of another tokenizer is refused naming both."""
+    from conftest import DEMO, equal_fraction
+
+    from lightning_modules.checkpoint import load_checkpoint, model_from_checkpoint, tokenizer_from_checkpoint
+    from lightning_modules.cli import main
+    from lightning_modules.cli.training import TranslationCLI
+
+    tiny = ("--config", str(DEMO), "--config", "tiny.yaml")
+    main(["fit", *tiny, "--trainer.max_steps=4"])
+    seed1 = ("--seed_everything=1", "--trainer.default_root_dir=runs/seed1", "--data.tokenizer_dir=runs/demo/tokenizer")
+    main(["fit", *tiny, *seed1, "--trainer.max_steps=4"])
+    first, second = "runs/demo/checkpoints/last.ckpt", "runs/seed1/checkpoints/last.ckpt"
+    capsys.readouterr()
+    main(["test", *tiny, f"--ckpt_path={first}", "--ensemble_with", second, "--ensemble_average", "log-probabilities"])
+    assert f"Translated by the ensemble of the model and {second} (mean of the log-probabilities)" in (
+        capsys.readouterr().out
+    )
+    folder = max(run_dir.glob("runs/demo/logs/version_*"), key=lambda path: int(path.name[8:]))
+    hypotheses = (folder / "test_hypotheses.txt").read_text().splitlines()
+    scores = json.loads((folder / "test_scores.json").read_text())
+    assert "test/bleu" in scores and "test/loss" not in scores  # the loss would be one model's
+
+    data = TranslationCLI(args=[*tiny], run=False).datamodule
+    sources = list(data.raw_pairs(data.hparams.test_split)["source_text"])
+    checkpoints = [load_checkpoint(run_dir / path) for path in (first, second)]
+    models = [model_from_checkpoint(checkpoint) for checkpoint in checkpoints]
+    ensemble = Ensemble(models, average="log-probabilities")
+    # Other batches than the test loader's: the same translations but where rounding breaks a near tie.
+    tokenizer = tokenizer_from_checkpoint(checkpoints[0])
+    assert equal_fraction(hypotheses, translate(ensemble, tokenizer, sources)) > 0.9
+    assert equal_fraction(hypotheses, translate(models[0], tokenizer, sources)) < 0.9  # not the first model's
+
+    other = run_dir / "other"
+    TransformerForConditionalGeneration(TransformerConfig(**SMALL)).save_pretrained(other)
+    word_tokenizer(SMALL["vocab_size"]).save_pretrained(other)
+    for command, extra, message in (
+        ("test", ["--ensemble_with", str(other)], f"{first} and {other} do not share one tokenizer (vocabulary size"),
+        ("fit", ["--ensemble_with", second], "--ensemble_with is for validate and test, which translate with an"),
+    ):
+        with pytest.raises(SystemExit):
+            main([command, *tiny, f"--ckpt_path={first}", *extra])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert message in err[-1] and "Traceback" not in "\n".join(err)
