@@ -16,7 +16,6 @@ of each step. Scores are sums of these combined log-probabilities, length-penali
 import copy
 import json
 import math
-from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -86,9 +85,9 @@ class Ensemble:
 
     def __init__(
         self,
-        models: Sequence[GenerationMixin],
+        models: list[GenerationMixin],
         average: Average = "probabilities",
-        names: Sequence[str] | None = None,
+        names: list[str] | None = None,
     ) -> None:
         models = list(models)
         if not models:
@@ -125,7 +124,7 @@ class Ensemble:
     def __len__(self) -> int:
         return len(self.models)
 
-    def combine(self, log_probs: Sequence[torch.Tensor]) -> torch.Tensor:
+    def combine(self, log_probs: list[torch.Tensor]) -> torch.Tensor:
         """The ensemble's log-probabilities from each member's (`average`): log of the mean probability, or the mean
         log-probability."""
         stacked = torch.stack(list(log_probs))
@@ -153,7 +152,7 @@ class EnsembleDecoder:
             member.reorder(beam_rows)
 
 
-def as_decodable(model: GenerationMixin | Ensemble | Sequence[GenerationMixin]) -> GenerationMixin | Ensemble:
+def as_decodable(model: GenerationMixin | Ensemble | list[GenerationMixin]) -> GenerationMixin | Ensemble:
     """A model or an `Ensemble` as given, and a list or tuple of models as their `Ensemble`."""
     return Ensemble(model) if isinstance(model, (list, tuple)) else model
 

@@ -104,7 +104,7 @@ def check_decoding_settings(
 
 @overload
 def translate(
-    model: GenerationMixin | Ensemble | Sequence[GenerationMixin],
+    model: GenerationMixin | Ensemble | list[GenerationMixin],
     tokenizer: PreTrainedTokenizerBase,
     sentences: list[str],
     *,
@@ -118,7 +118,7 @@ def translate(
 
 @overload
 def translate(
-    model: GenerationMixin | Ensemble | Sequence[GenerationMixin],
+    model: GenerationMixin | Ensemble | list[GenerationMixin],
     tokenizer: PreTrainedTokenizerBase,
     sentences: list[str],
     *,
@@ -132,7 +132,7 @@ def translate(
 
 @torch.inference_mode()
 def translate(
-    model: GenerationMixin | Ensemble | Sequence[GenerationMixin],
+    model: GenerationMixin | Ensemble | list[GenerationMixin],
     tokenizer: PreTrainedTokenizerBase,
     sentences: list[str],
     *,
@@ -204,7 +204,7 @@ def translate_hypotheses(
 
 @torch.inference_mode()
 def beam_search(
-    model: GenerationMixin | Ensemble | Sequence[GenerationMixin],
+    model: GenerationMixin | Ensemble | list[GenerationMixin],
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     *,
