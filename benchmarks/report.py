@@ -280,6 +280,43 @@ def data_scale_streaming() -> str:
     return markdown(header, rows)
 
 
+def ensemble() -> str:
+    """Each seed of the demo trained briefly and their ensembles, on the demo's test split (`benchmarks/ensemble.py`),
+    each ensemble against the mean of its seeds."""
+    report = result("ensemble")
+    members = {member["seed"]: member for member in report["members"]}
+    rows = [
+        [f"seed {seed}", f"{member['sacrebleu']:.2f}", f"{member['exact_match']:.1%}", ""]
+        for seed, member in members.items()
+    ]
+    for entry in report["ensembles"]:
+        mean = _mean([members[seed]["sacrebleu"] for seed in entry["seeds"]])
+        rows.append(
+            [
+                f"ensemble of seeds {', '.join(map(str, entry['seeds']))}, mean of the {entry['average']}",
+                f"{entry['sacrebleu']:.2f}",
+                f"{entry['exact_match']:.1%}",
+                f"{entry['sacrebleu'] - mean:+.2f}",
+            ]
+        )
+    return markdown(["model", "sacreBLEU", "numbers exactly right", "against the mean of its seeds"], rows)
+
+
+def ensemble_cost() -> str:
+    """Seconds per sentence of one model and of the ensemble of all seeds, taking turns (`benchmarks/ensemble.py`)."""
+    report = result("ensemble")
+    cost = report["cost"]
+    seconds = cost["seconds_per_sentence"]
+    row = [
+        f"{report['device']}, {report['threads']} threads, {cost['sentences']} test sentences",
+        f"{seconds['one_model'] * 1000:,.1f}",
+        f"{seconds['ensemble'] * 1000:,.1f}",
+        _x(cost["ratio_ensemble_over_one_model"]),
+    ]
+    header = ["device", "one model, ms/sentence", f"ensemble of {len(report['seeds'])}, ms/sentence", "ratio"]
+    return markdown(header, [row])
+
+
 def headline() -> str:
     """README's one table: quality and speed, each row with the command that reproduces it."""
     recipe = headline_recipe(result("multi30k")["runs"])
@@ -338,6 +375,8 @@ TABLES: dict[str, Callable[[], str]] = {
         precision,
         data_scale,
         data_scale_streaming,
+        ensemble,
+        ensemble_cost,
     )
 }
 

@@ -16,6 +16,7 @@ from torchmetrics.text import CHRFScore, SacreBLEUScore
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
+from hf_transformer.decoding.ensemble import Average, Ensemble
 from hf_transformer.decoding.translate import beam_search
 from hf_transformer.errors import CheckpointError, ConfigError, TrainingDiverged
 from hf_transformer.export.folder import saved_config
@@ -242,6 +243,10 @@ class TranslationModule(pl.LightningModule):
         self.val_samples: list[list[str]] = []  # [source, reference, hypothesis] rows of the last validation
         self._translations: list[tuple[int, str, str]] = []  # (line of the test split, hypothesis, reference)
         self.test_translations: tuple[list[str], list[str]] = ([], [])  # the last test's, in the split's order
+        # Models that validation and test decode with `self.model` as an ensemble (`decode_with`): a plain list, so
+        # that they are neither this module's parameters nor in its checkpoints.
+        self.ensemble_members: list[TransformerForConditionalGeneration] = []
+        self.ensemble_average: Average = "probabilities"
 
     # --- training ----------------------------------------------------------------------------------------------
 
@@ -384,7 +389,31 @@ class TranslationModule(pl.LightningModule):
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._evaluate(batch, "test")
 
+    def decode_with(self, models: list[TransformerForConditionalGeneration], average: Average) -> None:
+        """Validation and test translate with `self.model` and `models` as an `Ensemble` (averaging their
+        `average`), which must share this module's tokenizer; they log no loss, which is one model's."""
+        self.ensemble_members, self.ensemble_average = [model.eval() for model in models], average
+
+    def on_validation_start(self) -> None:
+        for model in self.ensemble_members:
+            model.to(self.device)
+
+    on_test_start = on_validation_start
+
     def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
+        if not self.ensemble_members:
+            self._log_nll(batch, stage)
+        hypotheses = self.translate(batch["input_ids"], batch["attention_mask"])
+        references = [[reference] for reference in batch["target_text"]]
+        if stage == "val":
+            self.val_bleu.update(hypotheses, references)
+            self.val_chrf.update(hypotheses, references)
+            rows = zip(batch["source_text"], batch["target_text"], hypotheses, strict=True)
+            self._samples.extend([source, reference, hypothesis] for source, reference, hypothesis in rows)
+        if stage == "test":
+            self._translations.extend(zip(batch["index"].tolist(), hypotheses, batch["target_text"], strict=True))
+
+    def _log_nll(self, batch: dict[str, Any], stage: str) -> None:
         labels = batch["labels"]
         target_tokens = (labels != IGNORE_INDEX).sum()
         nll = self.model(
@@ -400,24 +429,19 @@ class TranslationModule(pl.LightningModule):
         self.log(f"{stage}/nll_sum", loss_sum, reduce_fx="sum", sync_dist=True, batch_size=batch_size)
         self.log(f"{stage}/target_tokens", target_tokens.float(), reduce_fx="sum", sync_dist=True)
 
-        hypotheses = self.translate(batch["input_ids"], batch["attention_mask"])
-        references = [[reference] for reference in batch["target_text"]]
-        if stage == "val":
-            self.val_bleu.update(hypotheses, references)
-            self.val_chrf.update(hypotheses, references)
-            rows = zip(batch["source_text"], batch["target_text"], hypotheses, strict=True)
-            self._samples.extend([source, reference, hypothesis] for source, reference, hypothesis in rows)
-        if stage == "test":
-            self._translations.extend(zip(batch["index"].tolist(), hypotheses, batch["target_text"], strict=True))
-
     def translate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[str]:
         """Beam search as the model's generation config says (the paper's beam 4, length penalty 0.6), each output
-        at most its input's length + 50 tokens (section 6.1, `MAX_LENGTH_OFFSET`)."""
-        output_ids = [best[0].token_ids for best in beam_search(self.model, input_ids, attention_mask)]
+        at most its input's length + 50 tokens (section 6.1, `MAX_LENGTH_OFFSET`); with `decode_with`'s models, of
+        their ensemble."""
+        model = self.model
+        if self.ensemble_members:
+            model = Ensemble([self.model, *self.ensemble_members], average=self.ensemble_average)
+        output_ids = [best[0].token_ids for best in beam_search(model, input_ids, attention_mask)]
         return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)
 
     def on_validation_epoch_end(self) -> None:
-        self._log_loss("val")
+        if not self.ensemble_members:
+            self._log_loss("val")
         # SacreBLEU reports 0-100; torchmetrics' states are sums, so compute() is the exact corpus score over ranks.
         self.log("val/bleu", 100 * self.val_bleu.compute(), prog_bar=True)
         self.log("val/chrf", 100 * self.val_chrf.compute())
@@ -431,7 +455,8 @@ class TranslationModule(pl.LightningModule):
         self._samples = []
 
     def on_test_epoch_end(self) -> None:
-        self._log_loss("test")
+        if not self.ensemble_members:
+            self._log_loss("test")
         hypotheses, references = self._gather_test_translations()
         self.test_translations = hypotheses, references
         # On every rank, from all ranks' translations: each logs the same corpus score.

@@ -281,6 +281,54 @@ def test_serve_benchmark_runs_on_a_short_run(run_dir):
     assert all(entry["sentences_per_sec"] > 0 and entry["p99_ms"] >= entry["p50_ms"] for entry in settings.values())
 
 
+@pytest.mark.slow
+def test_ensemble_benchmark_scores_each_seed_and_their_ensembles(run_dir):
+    """Two tiny seeds of the demo: each scored, their ensemble under both rules, the cost measured side by side, and
+    the runs as the results say (the steps asked, one tokenizer, two different models)."""
+    from lightning_modules.checkpoint import load_checkpoint, tokenizer_from_checkpoint
+
+    out = run_dir / "ensemble.json"
+    tiny = ("--config", "tiny.yaml", "--steps", "3", "--warmup-steps", "2", "--limit", "8", "--timing-sentences", "4")
+    run(
+        str(BENCHMARKS / "ensemble.py"),
+        *tiny,
+        "--seeds",
+        "0",
+        "1",
+        "--rounds",
+        "1",
+        "--work",
+        "work",
+        "--out",
+        str(out),
+    )
+    report = json.loads(out.read_text())
+    assert report["seeds"] == [0, 1] and report["steps"] == 3 and report["test_sentences"] == 8
+    members = report["members"]
+    assert [member["seed"] for member in members] == [0, 1]
+    bleu = [member["sacrebleu"] for member in members]
+    assert report["mean_member_sacrebleu"] == pytest.approx(sum(bleu) / 2) and report["best_member_sacrebleu"] == max(
+        bleu
+    )
+    assert [(entry["seeds"], entry["average"]) for entry in report["ensembles"]] == [
+        ([0, 1], "probabilities"),
+        ([0, 1], "log-probabilities"),
+    ]
+    for entry in members + report["ensembles"]:
+        assert 0 <= entry["sacrebleu"] <= 100 and 0 <= entry["exact_match"] <= 1 and entry["seconds"] > 0
+    cost = report["cost"]
+    seconds = cost["seconds_per_sentence"]
+    assert cost["sentences"] == 4 and seconds["one_model"] > 0 and seconds["ensemble"] > 0
+    assert cost["ratio_ensemble_over_one_model"] == pytest.approx(seconds["ensemble"] / seconds["one_model"])
+    assert report["device"] not in ("", "cpu") and "--seed_everything=SEED --trainer.max_steps=3" in report["fit"]
+    checkpoints = [load_checkpoint(run_dir / f"work/seed{seed}/checkpoints/last.ckpt") for seed in (0, 1)]
+    assert [checkpoint["global_step"] for checkpoint in checkpoints] == [3, 3]
+    tokenizers = [tokenizer_from_checkpoint(checkpoint).backend_tokenizer.to_str() for checkpoint in checkpoints]
+    assert tokenizers[0] == tokenizers[1]  # one tokenizer, as an ensemble needs
+    weights = [checkpoint["state_dict"] for checkpoint in checkpoints]
+    assert not all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])  # two seeds, two models
+
+
 def test_data_scale_benchmark_runs_on_a_small_corpus(tmp_path):
     """Both paths on a corpus of 3,000 pairs, kept in --work: a second call measures the second run and streaming
     again on what the first left there, and keeps the first run it measured."""

@@ -73,3 +73,15 @@ def test_the_headline_reports_the_recipe_scored_last_with_all_its_seeds(monkeypa
     monkeypatch.setattr(report, "result", lambda name: runs if name == "multi30k" else stored(name))
     assert run["recipe"] in report.table("headline") and "mean of 2 seeds" in report.table("headline")
     assert "another recipe" not in report.table("headline")
+
+
+def test_the_ensemble_table_sets_each_ensemble_against_the_mean_of_its_seeds(monkeypatch):
+    members = [{"seed": 0, "sacrebleu": 20.0, "exact_match": 0.25}, {"seed": 1, "sacrebleu": 30.0, "exact_match": 0.5}]
+    ensembles = [{"seeds": [0, 1], "average": "probabilities", "sacrebleu": 27.5, "exact_match": 0.4}]
+    cost = {"sentences": 100, "seconds_per_sentence": {"one_model": 0.01, "ensemble": 0.021}}
+    fake = {"members": members, "ensembles": ensembles, "seeds": [0, 1], "device": "a CPU", "threads": 2}
+    fake["cost"] = {**cost, "ratio_ensemble_over_one_model": 2.1}
+    stored = report.result
+    monkeypatch.setattr(report, "result", lambda name: fake if name == "ensemble" else stored(name))
+    assert "| ensemble of seeds 0, 1, mean of the probabilities | 27.50 | 40.0% | +2.50 |" in report.table("ensemble")
+    assert "| a CPU, 2 threads, 100 test sentences | 10.0 | 21.0 | 2.10x |" in report.table("ensemble_cost")

@@ -68,6 +68,31 @@ def test_attention_answers_the_maps_of_the_translation(engine, client):
     }
 
 
+def test_an_ensemble_is_served_as_translate_gives_it_and_refuses_attention(engine, tmp_path, monkeypatch, capsys):
+    """`serve A B` serves the ensemble of its models; /attention, one model's attention, is refused in one line."""
+    config = TransformerConfig(**{**engine.model.config.to_dict(), "decoder_layers": 3})
+    deeper = TransformerForConditionalGeneration(config).eval()
+    for name, model in (("a", engine.model), ("b", deeper)):
+        model.save_pretrained(tmp_path / name)
+        engine.tokenizer.save_pretrained(tmp_path / name)
+    served = []
+    monkeypatch.setattr("hf_transformer.serving.serve", lambda engine, **settings: served.append(engine))
+    main(["serve", str(tmp_path / "a"), str(tmp_path / "b"), "--ensemble-average", "log-probabilities"])
+    (ensemble,) = served
+    assert ensemble.name == f"{tmp_path / 'a'} + {tmp_path / 'b'}" and ensemble.model.average == "log-probabilities"
+    assert f"Serving {ensemble.name} on http://127.0.0.1:8000/" in capsys.readouterr().out
+    with TestClient(create_app(ensemble, max_sentences=8)) as client:
+        answer = client.post("/translate", json={"text": SENTENCES}).json()
+        assert answer["translations"] == translate(ensemble.model, engine.tokenizer, SENTENCES)
+        assert answer["translations"] != translate(engine.model, engine.tokenizer, SENTENCES)
+        assert client.get("/health").json()["model"] == ensemble.name
+        refused = client.post("/attention", json={"text": "a dog"})
+        assert refused.status_code == 422
+        assert refused.json() == {
+            "error": "attention weights come from one model's attention, not from an ensemble of 2: pass one model"
+        }
+
+
 def test_a_request_of_max_sentences_fits_a_smaller_queue(engine):
     with TestClient(create_app(engine, max_sentences=8, max_waiting_sentences=4)) as client:
         assert client.post("/translate", json={"text": ["a dog"] * 8}).status_code == 200

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DEMO, make_tiny_config
+from conftest import DEMO, make_tiny_config, word_tokenizer
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline, translate
 from hf_transformer.decoding import SourceTruncatedWarning, beam_search, translate_hypotheses
@@ -561,6 +561,54 @@ def test_translate_command_reads_exported_and_ctranslate2_folders(checkpoint, tm
     with pytest.raises(SystemExit):
         main(["translate", str(tmp_path / "ct2"), str(tmp_path / "in.txt"), "--alignments"])
     assert "alignments come from this package's model, not from a CTranslate2 one" in capsys.readouterr().err
+
+
+def test_translate_command_translates_with_an_ensemble_of_checkpoints_and_folders(
+    tiny_tokenizer, checkpoint, tmp_path, capsys
+):
+    """The models before the first text file (a checkpoint and an exported folder of another depth here) translate as
+    `translate()` does with the list of them; their tokenizer must be one, and an ensemble gives no alignments."""
+    from lightning_modules.checkpoint import load_checkpoint
+    from lightning_modules.export import export_checkpoint
+
+    torch.manual_seed(1)
+    deeper = tiny_model(tiny_tokenizer, decoder_layers=3, max_position_embeddings=24)
+    folder = export_checkpoint(
+        load_checkpoint(write_checkpoint(deeper, tiny_tokenizer, tmp_path / "b.ckpt")), tmp_path / "b"
+    )
+    model, tokenizer = reference_model(checkpoint)
+    lines = [SENTENCES[0], "", SENTENCES[1]]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    main(["translate", str(checkpoint), str(folder), str(tmp_path / "in.txt"), "--n-best", "2"])
+    rows = [line.split(" ||| ") for line in capsys.readouterr().out.splitlines()]
+    expected = translate([model, deeper], tokenizer, lines, num_return_sequences=2)
+    assert [row[1] for row in rows] == [hypothesis.text for best in expected for hypothesis in best]
+    assert [float(row[2]) for row in rows] == pytest.approx([h.score for best in expected for h in best], abs=1e-4)
+    assert expected != translate(model, tokenizer, lines, num_return_sequences=2)  # not the first model's alone
+
+    main(
+        ["translate", str(checkpoint), str(folder), str(tmp_path / "in.txt"), "--ensemble-average", "log-probabilities"]
+    )
+    from hf_transformer.decoding import Ensemble
+
+    ensemble = Ensemble([model, deeper], average="log-probabilities")
+    assert capsys.readouterr().out.splitlines() == translate(ensemble, tokenizer, lines)
+
+    other = tiny_model(word_tokenizer(len(tiny_tokenizer) + 6), max_position_embeddings=24)
+    write_checkpoint(other, word_tokenizer(len(tiny_tokenizer) + 6), tmp_path / "other.ckpt")
+    mistakes = {
+        (str(tmp_path / "other.ckpt"), str(tmp_path / "in.txt")): f"{checkpoint} and {tmp_path / 'other.ckpt'} do not "
+        f"share one tokenizer (vocabulary size {len(tiny_tokenizer)} and {len(tiny_tokenizer) + 6})",
+        (str(folder), str(tmp_path / "in.txt"), "--alignments"): "alignments come from one model's attention, not from "
+        "an ensemble of 2: pass one model",
+        (str(tmp_path / "in.txt"), str(folder)): f"{folder} is a folder, after the text file {tmp_path / 'in.txt'}: "
+        "the models of an ensemble come first",
+    }
+    for arguments, message in mistakes.items():
+        with pytest.raises(SystemExit):
+            main(["translate", str(checkpoint), *arguments])
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_attention_command_draws_a_png_and_prints_the_alignment(checkpoint, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Decoding a trained model: `translate` for many sentences (length-sorted batches under a token budget, beam search
-that lets each sentence leave its batch once final, n-best lists), the attention maps of a translation, and
-`TranslationEngine`, one interface over our model and its CTranslate2 export for the commands and the server."""
+that lets each sentence leave its batch once final, n-best lists) with one model or an `Ensemble` of several, the
+attention maps of a translation, and `TranslationEngine`, one interface over our model (or an ensemble) and its
+CTranslate2 export for the commands and the server."""
 
 from .attention_maps import (
     AttentionMaps,
@@ -10,6 +11,7 @@ from .attention_maps import (
     plot_attention,
     plot_attention_heads,
 )
+from .ensemble import Ensemble
 from .translate import (
     DECODING_MAX_TOKENS,
     MAX_LENGTH_OFFSET,
@@ -25,6 +27,7 @@ __all__ = [
     "DECODING_MAX_TOKENS",
     "MAX_LENGTH_OFFSET",
     "AttentionMaps",
+    "Ensemble",
     "Hypothesis",
     "SourceTruncatedWarning",
     "Translation",

@@ -1,5 +1,6 @@
-"""One interface over a trained model, ours in PyTorch or its CTranslate2 export, for the `translate`, `attention`
-and `serve` commands: the same settings, the same treatment of empty and too-long sentences, the same errors."""
+"""One interface over a trained model, ours in PyTorch (or an ensemble of several) or its CTranslate2 export, for the
+`translate`, `attention` and `serve` commands: the same settings, the same treatment of empty and too-long sentences,
+the same errors."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ..errors import MissingExtra, ModelNotFound, TranslationInputError, UserErr
 from ..export.folder import check_tokenizer_files
 from ..model import TransformerConfig, TransformerForConditionalGeneration
 from .attention_maps import AttentionMaps, attention_maps
+from .ensemble import Average, Ensemble, check_same_tokenizer
 from .translate import DECODING_MAX_TOKENS, Translation, check_decoding_settings, translate
 
 if TYPE_CHECKING:
@@ -25,13 +27,14 @@ ONNX_MANIFEST = "export.json"
 
 
 class TranslationEngine:
-    """A trained model ready to translate: `model` (ours, decoded by `translate`) or `ctranslate2` (a
-    `CTranslate2Translator`, translations only: no scores, n-best lists or attention)."""
+    """A trained model ready to translate: `model` (ours, or an `Ensemble` of ours, decoded by `translate`; an
+    ensemble gives no attention weights) or `ctranslate2` (a `CTranslate2Translator`, translations only: no scores,
+    n-best lists or attention)."""
 
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerFast,
-        model: TransformerForConditionalGeneration | None = None,
+        model: TransformerForConditionalGeneration | Ensemble | None = None,
         ctranslate2: CTranslate2Translator | None = None,
         name: str = "",
     ) -> None:
@@ -90,6 +93,24 @@ class TranslationEngine:
             ) from err
         return cls(tokenizer, model=model.to(device).eval(), name=str(name_or_path))
 
+    @classmethod
+    def ensemble(cls, engines: list[TranslationEngine], average: Average = "probabilities") -> TranslationEngine:
+        """The `Ensemble` of the models of `engines` (`from_pretrained`'s, or one each from checkpoints), named by
+        their names joined with " + ". Refuses, in one line naming the two models and what differs, models whose
+        tokenizers differ, and a CTranslate2 model, which gives no log-probabilities to average."""
+        first = engines[0]
+        for engine in engines:
+            if engine.model is None:
+                raise TranslationInputError(
+                    f"{engine.name} is a CTranslate2 model: an ensemble averages the log-probabilities of this "
+                    "package's models at every step. Pass the folders exported with --format hf-transformer (or the "
+                    "checkpoints)"
+                )
+            check_same_tokenizer(first.name, first.tokenizer, engine.name, engine.tokenizer)
+        names = [engine.name for engine in engines]
+        ensemble = Ensemble([engine.model for engine in engines], average=average, names=names)
+        return cls(first.tokenizer, model=ensemble, name=" + ".join(names))
+
     def check_settings(
         self, num_beams: int | None = None, length_penalty: float | None = None, num_return_sequences: int = 1
     ) -> None:
@@ -110,6 +131,15 @@ class TranslationEngine:
             raise TranslationInputError(
                 f"{what} come from this package's model, not from a CTranslate2 one: pass the folder exported with "
                 "--format hf-transformer (or a checkpoint)"
+            )
+
+    def require_one_model(self, what: str) -> None:
+        """Refuse what one model of this package gives (`what`: "attention weights") when this is a CTranslate2 one
+        or an ensemble, whose members each attend in their own way."""
+        self.require_model(what)
+        if isinstance(self.model, Ensemble):
+            raise TranslationInputError(
+                f"{what} come from one model's attention, not from an ensemble of {len(self.model)}: pass one model"
             )
 
     def translate(
@@ -135,6 +165,6 @@ class TranslationEngine:
     def attention(
         self, sentences: list[str], output_ids: list[list[int]] | None = None, **settings
     ) -> list[AttentionMaps]:
-        """`attention_maps` of the translations of `sentences` (or of `output_ids`); this package's model only."""
-        self.require_model("attention weights")
+        """`attention_maps` of the translations of `sentences` (or of `output_ids`); one model of this package only."""
+        self.require_one_model("attention weights")
         return attention_maps(self.model, self.tokenizer, sentences, output_ids, **settings)

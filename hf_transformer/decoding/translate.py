@@ -6,14 +6,12 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple, overload
 
 import torch
-import torch.nn.functional as F
 from transformers import GenerationConfig, GenerationMixin, PreTrainedTokenizerBase
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-from transformers.modeling_outputs import BaseModelOutput
 
 from ..errors import TranslationInputError
 from ..model.configuration_transformer import MAX_LENGTH_OFFSET, max_new_tokens
 from ..token_budget import pack_token_budget
+from .ensemble import Ensemble, as_decodable, decoder
 
 # The token budget of a decoding batch (source tokens x beams, padding included), of every tool that translates.
 DECODING_MAX_TOKENS = 8192
@@ -107,7 +105,7 @@ def check_decoding_settings(
 
 @overload
 def translate(
-    model: GenerationMixin,
+    model: GenerationMixin | Ensemble | list[GenerationMixin],
     tokenizer: PreTrainedTokenizerBase,
     sentences: list[str],
     *,
@@ -121,7 +119,7 @@ def translate(
 
 @overload
 def translate(
-    model: GenerationMixin,
+    model: GenerationMixin | Ensemble | list[GenerationMixin],
     tokenizer: PreTrainedTokenizerBase,
     sentences: list[str],
     *,
@@ -135,7 +133,7 @@ def translate(
 
 @torch.inference_mode()
 def translate(
-    model: GenerationMixin,
+    model: GenerationMixin | Ensemble | list[GenerationMixin],
     tokenizer: PreTrainedTokenizerBase,
     sentences: list[str],
     *,
@@ -158,8 +156,13 @@ def translate(
     With `num_return_sequences` n, each sentence gets its n best translations (at most `num_beams`), best first, as
     `Translation`s with their scores and token ids: the n-best list of `generate(num_return_sequences=n)`. An empty
     sentence then gets one empty translation with score 0.
+
+    `model` may be several models that share `tokenizer`, as a list (`translate([model_a, model_b], ...)`) or an
+    `Ensemble` (to choose how it averages): the same search then advances on the average of their next-token
+    distributions at every step (`ensemble.py`), with the first model's generation config for the defaults.
     """
     check_sentences(sentences)
+    model = as_decodable(model)
     translations: list[list[Translation]] = [[Translation("", 0.0, [])] for _ in sentences]
     todo, ids, truncated = prepare_sources(tokenizer, sentences, model.config.max_position_embeddings)
     n_best = 1 if num_return_sequences is None else num_return_sequences
@@ -203,7 +206,7 @@ def translate_hypotheses(
 
 @torch.inference_mode()
 def beam_search(
-    model: GenerationMixin,
+    model: GenerationMixin | Ensemble | list[GenerationMixin],
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     *,
@@ -223,7 +226,12 @@ def beam_search(
     `num_beams` of them and its best running beam, scored at the current length, cannot beat the worst. Unlike
     `generate()`, a final sentence leaves the batch with its rows of the key/value cache, so the other sentences no
     longer pay for it.
+
+    The search sees the model through its `ModelDecoder` (`ensemble.py`), which encodes the sources once and gives each
+    step's log-probabilities; `model` may also be an `Ensemble` (or a list of models), whose members' log-probabilities
+    are averaged at every step.
     """
+    model = as_decodable(model)
     config = model.config
     eos, start = config.eos_token_id, config.decoder_start_token_id
     k = check_decoding_settings(model.generation_config, num_beams, num_return_sequences)
@@ -238,10 +246,7 @@ def beam_search(
         """The flat [sentence * k + beam] row indices of `sentences`."""
         return (sentences[:, None] * k + torch.arange(k, device=device)).flatten()
 
-    encoder_states = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    encoder_states = encoder_states.repeat_interleave(k, dim=0)
-    attention_mask = attention_mask.repeat_interleave(k, dim=0)
-    cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+    decoding = decoder(model, input_ids, attention_mask, k)  # encodes the sources once
 
     sentence_ids = torch.arange(batch_size, device=device)  # which input sentence each active one is
     running = torch.full((batch_size, k, longest), -1, dtype=torch.long, device=device)  # -1: not decoded yet
@@ -254,15 +259,9 @@ def beam_search(
     best = [[] for _ in range(batch_size)]
 
     for length in range(1, longest):  # `length` tokens decoded so far, counting the start token
-        logits = model(
-            encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states),
-            attention_mask=attention_mask,
-            decoder_input_ids=running[:, :, length - 1].reshape(-1, 1),
-            cache=cache,
-            use_cache=True,
-        ).logits[:, -1]
         active = len(sentence_ids)
-        log_probs = F.log_softmax(logits.float(), dim=-1).view(active, k, -1) + running_scores[:, :, None]
+        log_probs = decoding.step(running[:, :, length - 1].reshape(-1, 1)).view(active, k, -1)
+        log_probs = log_probs + running_scores[:, :, None]
         vocab_size = log_probs.shape[-1]
 
         # The 2k best continuations, so that k remain even if k of them end here.
@@ -308,8 +307,7 @@ def beam_search(
             remaining = (~final).nonzero().flatten()
             rows = rows_of(remaining)
             beam_rows = beam_rows[rows]
-            cache.cross_attention_cache.reorder_cache(rows)
-            encoder_states, attention_mask = encoder_states[rows], attention_mask[rows]
+            decoding.keep(rows)
             sentence_ids, running, running_scores = (
                 sentence_ids[remaining],
                 running[remaining],
@@ -317,5 +315,5 @@ def beam_search(
             )
             finished, finished_scores = finished[remaining], finished_scores[remaining]
             is_finished = is_finished[remaining]
-        cache.self_attention_cache.reorder_cache(beam_rows)
+        decoding.reorder(beam_rows)
     return best

@@ -171,7 +171,7 @@ def create_app(
         """The translation of one sentence and its encoder-decoder attention (one layer, averaged over heads)."""
         if not request.text.strip():
             return _error(422, "text is empty: send a sentence")
-        engine.require_model("attention weights")
+        engine.require_one_model("attention weights")
         layers = engine.model.config.decoder_layers
         if not -layers <= request.layer < layers:
             return _error(422, f"layer {request.layer}: the model has {layers} layers, 0 to {layers - 1}")

@@ -12,7 +12,7 @@ from hf_transformer.decoding.attention_maps import (
 )
 from hf_transformer.errors import UserError
 
-from .models import add_model_arguments, load_engine
+from .models import add_model_arguments, load_engines
 
 
 def main(argv: list[str]) -> None:
@@ -20,8 +20,8 @@ def main(argv: list[str]) -> None:
     args = _parser().parse_args(argv)
     output = Path(args.output)
     _check_image_type(output)
-    engine = load_engine(args.model, args.average, args.device)
-    engine.require_model("attention weights")
+    engine = load_engines([args.model], args.average, args.device)
+    engine.require_one_model("attention weights")
     engine.check_settings(args.num_beams)
     config = engine.model.config
     layers = config.encoder_layers if args.kind == "encoder" else config.decoder_layers

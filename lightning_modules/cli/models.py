@@ -1,5 +1,5 @@
 """The MODEL argument of `translate`, `attention` and `serve`: an exported folder, a Hub id, a training checkpoint
-(or a folder of them, averaged), or a CTranslate2 folder."""
+(or a folder of them, averaged), or a CTranslate2 folder; `translate` and `serve` take several, as an ensemble."""
 
 import argparse
 import sys
@@ -9,22 +9,36 @@ import torch
 from transformers.utils import logging as transformers_logging
 
 from hf_transformer.decoding.engine import TranslationEngine
+from hf_transformer.decoding.ensemble import AVERAGES
 from hf_transformer.errors import UserError
 
+MODEL_HELP = (
+    "a folder written by `hf-transformer export` (--format hf-transformer or ctranslate2), a Hub id, a .ckpt file of "
+    "training, or with --average the folder of the checkpoints"
+)
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+
+def add_model_arguments(parser: argparse.ArgumentParser, ensembles: str | None = None) -> None:
+    """MODEL and the options of loading it. `ensembles`: how the command takes more models as an ensemble (its help),
+    which adds --ensemble-average; None: the command takes one."""
+    parser.add_argument("model", metavar="MODEL", help=MODEL_HELP + (f". {ensembles}" if ensembles else ""))
     parser.add_argument(
-        "model",
-        metavar="MODEL",
-        help="a folder written by `hf-transformer export` (--format hf-transformer or ctranslate2), a Hub id, a "
-        ".ckpt file of training, or with --average the folder of the checkpoints",
-    )
-    parser.add_argument(
-        "--average", type=positive_int, metavar="N", help="average the last N checkpoints of the MODEL folder"
+        "--average",
+        type=positive_int,
+        metavar="N",
+        help="average the last N checkpoints of the MODEL folder" + (" (of each, with several)" if ensembles else ""),
     )
     parser.add_argument(
         "--device", default="cpu", type=torch_device, help="where to run the model: cpu (default), cuda, cuda:1, mps"
     )
+    if ensembles:
+        parser.add_argument(
+            "--ensemble-average",
+            choices=AVERAGES,
+            default=AVERAGES[0],
+            help="how an ensemble combines its models' next-token distributions at each step: the mean of their "
+            "probabilities (default, fairseq's) or of their log-probabilities (OpenNMT-py's)",
+        )
 
 
 def whole_number(text: str) -> int:
@@ -84,3 +98,12 @@ def load_engine(source: str, average: int | None = None, device: str = "cpu") ->
     checkpoint = checkpoint_to_export(path, average, report=sys.stderr)  # standard output holds the translations
     model = model_from_checkpoint(checkpoint).to(device)
     return TranslationEngine(tokenizer_from_checkpoint(checkpoint), model=model, name=source)
+
+
+def load_engines(
+    sources: list[str], average: int | None = None, device: str = "cpu", ensemble_average: str = AVERAGES[0]
+) -> TranslationEngine:
+    """The model that `sources` name (`load_engine`), or with several their ensemble (`TranslationEngine.ensemble`,
+    which refuses models of other tokenizers)."""
+    engines = [load_engine(source, average, device) for source in sources]
+    return engines[0] if len(engines) == 1 else TranslationEngine.ensemble(engines, ensemble_average)

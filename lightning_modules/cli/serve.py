@@ -1,4 +1,5 @@
-"""`hf-transformer serve MODEL`: a web page to try a model and a JSON API, on 127.0.0.1 unless told otherwise."""
+"""`hf-transformer serve MODEL [MODEL ...]`: a web page to try a model (or an ensemble) and a JSON API, on 127.0.0.1
+unless told otherwise."""
 
 import argparse
 import warnings
@@ -6,11 +7,11 @@ import warnings
 from hf_transformer.decoding.translate import SourceTruncatedWarning
 from hf_transformer.errors import MissingExtra
 
-from .models import add_model_arguments, load_engine, positive_int, whole_number
+from .models import add_model_arguments, load_engines, positive_int, whole_number
 
 
 def main(argv: list[str]) -> None:
-    """`hf-transformer serve MODEL [--host H] [--port P] [...]`."""
+    """`hf-transformer serve MODEL [MODEL ...] [--host H] [--port P] [...]`."""
     args = _parser().parse_args(argv)
     try:
         from hf_transformer.serving import serve
@@ -18,23 +19,25 @@ def main(argv: list[str]) -> None:
         if isinstance(err, MissingExtra):
             raise
         raise MissingExtra(f"serving needs FastAPI and uvicorn: pip install 'hf-transformer[serve]' ({err})") from err
-    engine = load_engine(args.model, args.average, args.device)
+    engine = load_engines([args.model, *args.more_models], args.average, args.device, args.ensemble_average)
     # The server answers a cut sentence with a warning of its own (and logs it): not a second one per batch.
     warnings.filterwarnings("ignore", category=SourceTruncatedWarning)
-    print(f"Serving {args.model} on http://{args.host}:{args.port}/ (API: /translate, /docs)", flush=True)
+    print(f"Serving {engine.name} on http://{args.host}:{args.port}/ (API: /translate, /docs)", flush=True)
     serve(engine, host=args.host, port=args.port, max_sentences=args.max_sentences)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf-transformer serve",
-        description='Serve a model: a page to try it at /, POST /translate with {"text": ["...", ...]} answering '
-        '{"translations": [...]}, POST /attention, GET /health, and the OpenAPI description at /openapi.json (/docs '
-        "shows it). Requests that arrive together are translated in one batch. Needs pip install "
-        "'hf-transformer[serve]'.",
+        usage="%(prog)s [options] MODEL [MODEL ...]",
+        description='Serve a model, or several as an ensemble: a page to try it at /, POST /translate with {"text": '
+        '["...", ...]} answering {"translations": [...]}, POST /attention (one model only), GET /health, and the '
+        "OpenAPI description at /openapi.json (/docs shows it). Requests that arrive together are translated in one "
+        "batch. Needs pip install 'hf-transformer[serve]'.",
         allow_abbrev=False,
     )
-    add_model_arguments(parser)
+    add_model_arguments(parser, ensembles="More MODELs after it are served with it as an ensemble")
+    parser.add_argument("more_models", nargs="*", metavar="MODEL", help=argparse.SUPPRESS)
     parser.add_argument(
         "--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1, this machine only)"
     )

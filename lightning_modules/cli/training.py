@@ -15,7 +15,8 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from hf_transformer import TransformerConfig
+from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
+from hf_transformer.decoding.ensemble import AVERAGES, check_same_tokenizer
 from hf_transformer.errors import ConfigError, UserError
 from hf_transformer.scoring import format_scores, translation_scores
 
@@ -148,6 +149,23 @@ class TranslationCLI(LightningCLI):
             parser.link_arguments(
                 ("model.preset", "model.config", "model.init_from"), f"data.max_{side}_positions", model_positions
             )
+        # An ensemble for validate and test: not the module's (its models are no part of what fit trains or saves).
+        parser.add_argument(
+            "--ensemble_with",
+            nargs="+",
+            default=[],
+            metavar="MODEL",
+            help="validate and test: translate with the model (--ckpt_path or --model.init_from) and these models "
+            "(exported folders or .ckpt files trained with the same tokenizer) as an ensemble. The BLEU, chrF and "
+            "hypotheses are the ensemble's; no loss is logged (it is one model's)",
+        )
+        parser.add_argument(
+            "--ensemble_average",
+            choices=AVERAGES,
+            default=AVERAGES[0],
+            help="how the ensemble combines the models' next-token distributions: the mean of their probabilities "
+            "(fairseq's) or of their log-probabilities (OpenNMT-py's)",
+        )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         if args is None or isinstance(args, list):
@@ -174,12 +192,25 @@ class TranslationCLI(LightningCLI):
         progress_as_asked(config.trainer)
         if self.subcommand:
             check_model_source(self.subcommand, config.ckpt_path, config.model.init_from)
+        if config.ensemble_with and self.subcommand not in ("validate", "test"):
+            raise ConfigError(
+                f"--ensemble_with is for validate and test, which translate with an ensemble; {self.subcommand} trains "
+                "one model. Train each member as its own run (--seed_everything N) and test them together"
+            )
         place_in_run_folder(config)
 
     def before_fit(self) -> None:
         check_last_checkpoint(self.subcommand, self.config_init[self.subcommand].ckpt_path, self.trainer)
 
-    before_validate = before_test = before_predict = before_fit
+    before_predict = before_fit
+
+    def before_test(self) -> None:
+        self.before_fit()
+        config = self.config_init[self.subcommand]
+        if config.ensemble_with:
+            self.model.decode_with(ensemble_members(config, self.model.tokenizer), config.ensemble_average)
+
+    before_validate = before_test
 
     def after_test(self) -> None:
         """Write the test hypotheses, one per line in test-set order, and every score a paper might report (each
@@ -198,4 +229,28 @@ class TranslationCLI(LightningCLI):
         }
         values.update({score.name: score.value for score in scores})
         (folder / "test_scores.json").write_text(json.dumps(values, indent=2) + "\n")
+        members = self.config_init[self.subcommand].ensemble_with
+        if members:
+            print(
+                f"Translated by the ensemble of the model and {', '.join(members)} (mean of the "
+                f"{self.model.ensemble_average}); no loss is logged: it is one model's"
+            )
         print(f"{format_scores(scores)}\nTest hypotheses and scores written to {folder}")
+
+
+def ensemble_members(config: Namespace, tokenizer: Any) -> list[TransformerForConditionalGeneration]:
+    """The models of --ensemble_with, each checked to share `tokenizer`, the module's (its data's)."""
+    from .models import load_engine
+
+    first = config.ckpt_path or config.model.init_from
+    models = []
+    for source in config.ensemble_with:
+        engine = load_engine(source)
+        if engine.model is None:
+            raise ConfigError(
+                f"--ensemble_with {source} is a CTranslate2 model: pass the checkpoint or the folder "
+                "exported with --format hf-transformer"
+            )
+        check_same_tokenizer(first, tokenizer, source, engine.tokenizer)
+        models.append(engine.model)
+    return models

@@ -1,5 +1,6 @@
-"""`hf-transformer translate MODEL [FILE ...]`: translate files or standard input line by line, as fairseq-interactive,
-onmt_translate and marian-decoder do, with `translate()`."""
+"""`hf-transformer translate MODEL [MODEL ...] [FILE ...]`: translate files or standard input line by line, as
+fairseq-interactive, onmt_translate and marian-decoder do, with `translate()`: with one model, or with several as an
+ensemble (the folders and .ckpt files before the first FILE)."""
 
 import argparse
 import os
@@ -24,19 +25,28 @@ from hf_transformer.decoding.translate import (
 from hf_transformer.errors import DataError, UserError
 from hf_transformer.export.folder import umask_mode
 
-from .models import add_model_arguments, load_engine
+from .models import add_model_arguments, load_engines
 
 # Lines translated together: enough for full token-budget batches, few enough for regular progress lines.
 CHUNK_LINES = 1000
 
 
 def main(argv: list[str]) -> None:
-    """`hf-transformer translate MODEL [FILE ...] [...]`."""
+    """`hf-transformer translate MODEL [MODEL ...] [FILE ...] [...]`."""
     args = _parser().parse_args(argv)
-    sources = [Path(name) for name in args.files]
+    more_models, files = split_models(args.files)
+    sources = [Path(name) for name in files]
     for source in sources:
+        if source.is_dir():
+            raise UserError(
+                f"{source} is a folder, after the text file {files[0]}: the models of an ensemble come first "
+                "(MODEL [MODEL ...] [FILE ...])"
+            )
         if not source.is_file():
-            raise UserError(f"{source}: no such file (FILE arguments are text files, one sentence per line)")
+            raise UserError(
+                f"{source}: no such file (FILE arguments are text files, one sentence per line; the models of an "
+                "ensemble before them are folders or .ckpt files)"
+            )
     line_count = sum(_count_lines(source) for source in sources)  # a file not in UTF-8 stops here, before any work
     if args.output:
         _check_output(Path(args.output), [*sources, *([Path(args.reference)] if args.reference else [])])
@@ -45,13 +55,22 @@ def main(argv: list[str]) -> None:
         references = _read_references(args.reference) if args.reference else None
         if references is not None and sources:
             _check_references(references, line_count, args.reference)
-        engine = load_engine(args.model, args.average, args.device)
+        engine = load_engines([args.model, *more_models], args.average, args.device, args.ensemble_average)
         engine.check_settings(args.num_beams, args.length_penalty, args.n_best)
         if args.alignments:
-            engine.require_model("alignments")
+            engine.require_one_model("alignments")
         hypotheses = translate_lines(engine, sources, output, args)
     if references is not None:
         print_scores(hypotheses, references, args.reference, args.target_lang or reference_language(args.reference))
+
+
+def split_models(names: list[str]) -> tuple[list[str], list[str]]:
+    """The models that lead `names`, the arguments after MODEL (folders, and .ckpt files), and the text files after
+    them: a text file is neither, so the first one ends the models."""
+    count = 0
+    while count < len(names) and (Path(names[count]).is_dir() or names[count].endswith(".ckpt")):
+        count += 1
+    return names[:count], names[count:]
 
 
 def reference_language(path: str) -> str:
@@ -229,12 +248,18 @@ def _read_references(path: str) -> list[str]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf-transformer translate",
+        usage="%(prog)s [options] MODEL [MODEL ...] [FILE ...]",
         description="Translate text files, or standard input, one sentence per line: one output line per input line, "
         "in order (empty lines stay empty), with beam search as `hf_transformer.translate()` does it. A sentence "
-        "longer than the model's positions is cut to them, with a warning naming its line.",
+        "longer than the model's positions is cut to them, with a warning naming its line. Several models (sharing one "
+        "tokenizer) translate as an ensemble: at each step of the search their next-token distributions are averaged.",
         allow_abbrev=False,
     )
-    add_model_arguments(parser)
+    add_model_arguments(
+        parser,
+        ensembles="More models after it (folders or .ckpt files, before the FILEs; a Hub model: download it first) "
+        "translate with it as an ensemble",
+    )
     parser.add_argument("files", nargs="*", metavar="FILE", help="text files to translate (default: standard input)")
     parser.add_argument("-o", "--output", help="write the translations here (default: standard output)")
     parser.add_argument(
