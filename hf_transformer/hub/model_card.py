@@ -2,12 +2,15 @@
 
 A checkpoint of `TranslationModule` carries the module's arguments (`hyper_parameters`), the data module's
 (`datamodule_hyper_parameters`: dataset, language pair, batch size), the model config (`hf_config`), the decoding
-settings (`generation_config`) and the step count. Evaluation scores, the W&B run link and the compute used are not in
-it: the caller passes them (the push callback takes them from the trainer, `hf-transformer push` from `--results`).
+settings (`generation_config`), the step count, and how the module trains in words (`TRAINING_DESCRIPTION`: its
+schedule's own description, and a row of each variant's), which the card shows as the module wrote it. Evaluation
+scores, the W&B run link and the compute used are not in it: the caller passes them (the push callback takes them from
+the trainer, `hf-transformer push` from `--results`).
 The card is rendered from `model_card_template.md`, a Jinja template, by `huggingface_hub.ModelCard.from_template`.
 
-Each score is labelled with the sacreBLEU signature of what computed it: validation scores (`val/*`) are torchmetrics'
-during training, test scores (`test/*`) those of `hf_transformer.scoring`, which `hf-transformer test` logs.
+Each score is labelled with the sacreBLEU signature of what computed it, as `hf_transformer.scoring` defines it:
+validation scores (`val/*`) are torchmetrics' during training (`VALIDATION_SCORES`), test scores (`test/*`) those of
+`sacrebleu_scores`, which `hf-transformer test` logs.
 """
 
 from __future__ import annotations
@@ -21,18 +24,20 @@ import torch
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
-from sacrebleu.metrics import BLEU, CHRF
 
 from ..decoding.translate import MAX_LENGTH_OFFSET
 from ..model import TransformerForConditionalGeneration
 from ..model.configuration_transformer import MIN_TRANSFORMERS_VERSION, TransformerConfig
-from ..scoring import LOGGED_SCORES, sacrebleu_signatures
+from ..scoring import LOGGED_SCORES, VALIDATION_BLEU, VALIDATION_CHRF, VALIDATION_SCORES, sacrebleu_signatures
 
 CARD_NAME = "README.md"
 DEFAULT_LICENSE = "apache-2.0"
 SYNTHETIC_DATASET = "synthetic"
 # The facts a card is rendered from, saved beside it so that `rewrite_model_card` renders it for a repo or format.
 CARD_FACTS = "hf_transformer_card.json"
+# The checkpoint key of the training module's rows about how it trains ([label, text] pairs): its schedule's own
+# description and a row of each variant's (`TranslationModule.describe_training`).
+TRAINING_DESCRIPTION = "training_description"
 CARD_FORMATS = ("hf-transformer", "marian")
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
 # What the card reads from a checkpoint (small values only: no weights). `averaged_steps`: the steps whose weights an
@@ -44,6 +49,7 @@ _CHECKPOINT_KEYS = (
     "generation_config",
     "global_step",
     "averaged_steps",
+    TRAINING_DESCRIPTION,
 )
 # Table rows of the evaluation section: metric key suffix -> column title.
 _SCORES = {"bleu": "BLEU", "chrf": "chrF", "loss": "Loss (nats/token)", "perplexity": "Perplexity"}
@@ -163,27 +169,21 @@ def _render(folder: Path, facts: dict[str, Any], format: str, repo_id: str | Non
 
 
 def bleu_signature() -> str:
-    """The sacreBLEU signature of the validation BLEU that `TranslationModule` logs (`val/bleu`): torchmetrics'
-    `SacreBLEUScore` with 13a tokenization, one reference and no smoothing (it scores 0 when an n-gram order has no
-    match, as sacreBLEU's `smooth_method="none"` does). The test BLEU is sacreBLEU's own: `signatures("test")`."""
-    metric = BLEU(tokenize="13a", smooth_method="none")
-    metric.num_refs = 1  # sacreBLEU only knows it after scoring; the module scores against one reference
-    return metric.get_signature().format()
+    """The sacreBLEU signature of the validation BLEU that `TranslationModule` logs (`val/bleu`), as the metric gives
+    it (`hf_transformer.scoring.VALIDATION_BLEU`). The test BLEU is sacreBLEU's own: `signatures("test")`."""
+    return VALIDATION_BLEU.signature()
 
 
 def chrf_signature() -> str:
-    """The sacreBLEU signature of the validation chrF that `TranslationModule` logs (`val/chrf`): torchmetrics'
-    `CHRFScore(n_word_order=0)`, character 6-grams, beta 2, whitespace ignored."""
-    metric = CHRF(word_order=0)
-    metric.num_refs = 1
-    return metric.get_signature().format()
+    """The sacreBLEU signature of the validation chrF that `TranslationModule` logs (`val/chrf`)."""
+    return VALIDATION_CHRF.signature()
 
 
 def signatures(stage: str) -> dict[str, str]:
     """The sacreBLEU signature of each signed score ("bleu", "chrf") that `stage` ("val" or "test") logs: the test
     scores are `hf_transformer.scoring`'s, whose own labels these are."""
     if stage == "val":
-        return {"bleu": bleu_signature(), "chrf": chrf_signature()}
+        return {name: metric.signature() for name, metric in VALIDATION_SCORES.items()}
     if stage == "test":
         scoring = sacrebleu_signatures()
         return {name: scoring[score] for name, score in LOGGED_SCORES.items()}
@@ -204,6 +204,9 @@ class _RunFacts:
         self.generation: dict[str, Any] = dict(checkpoint.get("generation_config") or {})
         self.global_step: int | None = checkpoint.get("global_step")
         self.averaged_steps: list[int] = list(checkpoint.get("averaged_steps") or [])
+        self.training_description: list[tuple[str, str]] = [
+            (label, text) for label, text in checkpoint.get(TRAINING_DESCRIPTION) or []
+        ]
         self.dataset: str | None = dataset or self.data.get("dataset")
         self.dataset_config: str | None = self.data.get("dataset_config")
         source, target = language_pair or (self.data.get("source_lang"), self.data.get("target_lang"))
@@ -340,7 +343,7 @@ def _training(run: _RunFacts, compute: str | None) -> list[tuple[str, Any]]:
     if hp:
         betas, eps, decay = tuple(hp.get("betas", ())), hp.get("eps"), hp.get("weight_decay")
         rows.append(("Optimizer", f"AdamW, betas {betas}, eps {eps}, weight decay {decay}"))
-        rows.append(("Learning-rate schedule", _schedule(hp)))
+    rows += run.training_description or _recorded_settings(hp)
     rows.append(("Label smoothing", run.config.label_smoothing))
     if data.get("max_tokens"):
         budget = data["max_tokens"]
@@ -362,11 +365,12 @@ def _training(run: _RunFacts, compute: str | None) -> list[tuple[str, Any]]:
     return rows
 
 
-def _schedule(hp: dict[str, Any]) -> str:
-    warmup = hp.get("warmup_steps")
-    if hp.get("peak_lr") is None:
-        return f"the paper's (section 5.3): d_model^-0.5 x min(step^-0.5, step x warmup^-1.5), {warmup} warm-up steps"
-    return f"inverse square root: peak {hp.get('peak_lr')} after {warmup} linear warm-up steps"
+def _recorded_settings(hp: dict[str, Any]) -> list[tuple[str, str]]:
+    """The training settings of a checkpoint that holds no description of them (written before the module described
+    itself; `lightning_modules` describes those of 0.3 and 0.4 when it exports them): as recorded, by name."""
+    shown = {"preset", "config", "init_from", "betas", "eps", "weight_decay", "generation", "compile"}
+    recorded = [f"{name} {value}" for name, value in hp.items() if name not in shown and not name.startswith("_")]
+    return [("Training settings (as recorded)", ", ".join(recorded))] if recorded else []
 
 
 def _decoding(run: _RunFacts) -> str:
