@@ -40,6 +40,7 @@ from lightning_modules.checkpoint import (
 from lightning_modules.cli import main, run
 from lightning_modules.cli.training import TranslationCLI
 from lightning_modules.export import export_checkpoint
+from lightning_modules.module import model_config
 from lightning_modules.schedules import noam_lr_lambda
 
 CONFIGS = sorted(DEMO.parent.glob("*.yaml"))  # the experiments; configs/trainer/ holds trainer settings to compose
@@ -295,13 +296,18 @@ def test_mistakes_are_one_message_before_any_work(run_dir, capsys, bad, expected
     assert not (run_dir / "runs").exists()
 
 
-def test_the_data_keeps_and_cuts_pairs_to_the_model_positions(run_dir):
-    """One value: a model with fewer positions makes the data drop longer training pairs and cut evaluation pairs."""
-    from lightning_modules.cli.training import TranslationCLI
+def test_the_data_keeps_and_cuts_pairs_to_the_model_positions(run_dir, monkeypatch):
+    """One value: a model with fewer positions makes the data drop longer training pairs and cut evaluation pairs.
+    The command builds the model config of its settings once, for both links to the data and for its checks (it built
+    it six times)."""
+    from lightning_modules.cli import training
 
-    cli = TranslationCLI(
+    built = []
+    monkeypatch.setattr(training, "model_config", lambda *args: built.append(args) or model_config(*args))
+    cli = training.TranslationCLI(
         args=["--config", str(DEMO), "--config", "tiny.yaml", "--model.config.max_position_embeddings=9"], run=False
     )
+    assert len(built) == 1
     assert cli.model.model.config.max_position_embeddings == 9
     assert cli.datamodule.hparams.max_source_positions == cli.datamodule.hparams.max_target_positions == 9
     cli.datamodule.setup("fit")

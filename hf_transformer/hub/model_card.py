@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import torch
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError
@@ -38,7 +40,6 @@ CARD_FACTS = "hf_transformer_card.json"
 # The checkpoint key of the training module's rows about how it trains ([label, text] pairs): its schedule's own
 # description and a row of each variant's (`TranslationModule.describe_training`).
 TRAINING_DESCRIPTION = "training_description"
-CARD_FORMATS = ("hf-transformer", "marian")
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
 # What the card reads from a checkpoint (small values only: no weights). `averaged_steps`: the steps whose weights an
 # averaged checkpoint (`lightning_modules.checkpoint.average_checkpoints`) is the mean of.
@@ -82,8 +83,9 @@ def write_model_card(
     license: str = DEFAULT_LICENSE,
     example: str | None = None,
 ) -> Path:
-    """Write `folder/README.md` for the model exported from `checkpoint` in `format` ("hf-transformer" or "marian")
-    and return its path; the facts it is rendered from go to `folder/hf_transformer_card.json`, from which
+    """Write `folder/README.md` for the model exported from `checkpoint` in `format` (one of
+    `hf_transformer.export.FORMATS` that carries a card, whose `FormatCard` gives its tags and usage) and return its
+    path; the facts it is rendered from go to `folder/hf_transformer_card.json`, from which
     `rewrite_model_card` renders it again for another repo or format.
 
     `repo_id` is the Hub repo the card's usage snippet loads (default: the folder's absolute path, so the snippet runs
@@ -140,17 +142,31 @@ def rewrite_model_card(
 
 
 def _render(folder: Path, facts: dict[str, Any], format: str, repo_id: str | None) -> Path:
-    if format not in CARD_FORMATS:
-        raise ValueError(f"Unknown model format {format!r}: the card knows {', '.join(CARD_FORMATS)}.")
+    # The registry of export formats says what each format's card holds; it imports this module, so it is imported
+    # here.
+    from ..export import FORMATS, card_formats
+
+    if format not in card_formats():
+        raise ValueError(f"Unknown model format {format!r}: the card knows {', '.join(card_formats())}.")
+    format_card = FORMATS[format].card
     language_pair = facts["language_pair"]
     run = _RunFacts(facts["checkpoint"], facts["dataset"], tuple(language_pair) if language_pair else None)
     results = facts["results"]
     model_id = repo_id or str(folder.resolve())
     name = _model_name(model_id)
+    requirement = f"transformers>={MIN_TRANSFORMERS_VERSION},<6"
+    example = facts["example"] or _EXAMPLES.get(run.source_lang, _EXAMPLES["en"])
+    snippets = {
+        part: jinja2.Template(getattr(format_card, part)).render(
+            model_id=model_id, example=example, requirement=requirement
+        )
+        for part in ("usage", "about", "requirement_note", "after_usage")
+    }
     card = ModelCard.from_template(
-        _metadata(run, name, results, facts["license"], format),
+        _metadata(run, name, results, facts["license"], format_card.tags),
         template_path=str(TEMPLATE),
-        format=format,
+        **snippets,
+        other_formats=[(other.name, other.summary) for other in FORMATS.values() if other.name != format],
         name=name,
         source_lang=run.source_lang,
         target_lang=run.target_lang,
@@ -159,9 +175,7 @@ def _render(folder: Path, facts: dict[str, Any], format: str, repo_id: str | Non
         training=_training(run, facts["compute"]),
         wandb_url=facts["wandb_url"],
         evaluation=_evaluation(run, results),
-        requirement=f"transformers>={MIN_TRANSFORMERS_VERSION},<6",
-        model_id=model_id,
-        example=facts["example"] or _EXAMPLES.get(run.source_lang, _EXAMPLES["en"]),
+        requirement=requirement,
     )
     path = folder / CARD_NAME
     card.save(path)
@@ -188,6 +202,18 @@ def signatures(stage: str) -> dict[str, str]:
         scoring = sacrebleu_signatures()
         return {name: scoring[score] for name, score in LOGGED_SCORES.items()}
     raise ValueError(f"Unknown stage {stage!r}: scores are logged for {', '.join(_STAGES)}.")
+
+
+@dataclass(frozen=True)
+class FormatCard:
+    """What the model card says of an export format that carries one (`ExportFormat.card`): its Hub tags and its
+    paragraphs, each a Jinja snippet rendered with the card's values (`model_id`, `example`, `requirement`)."""
+
+    tags: tuple[str, ...]  # the Hub tags of a folder of this format, beside the card's own
+    usage: str  # the Python code of the Usage section
+    about: str = ""  # a paragraph after the introduction: what a folder of this format holds
+    requirement_note: str = ""  # words after "Needs torch and transformers..." (without a full stop)
+    after_usage: str = ""  # a paragraph after the code
 
 
 # --- what the checkpoint says about the run -------------------------------------------------------------------
@@ -261,16 +287,16 @@ def _language_code(lang: str) -> str | None:
 # --- metadata ----------------------------------------------------------------------------------------------------
 
 
-def _metadata(run: _RunFacts, name: str, results: dict[str, float], license: str, format: str) -> ModelCardData:
+def _metadata(
+    run: _RunFacts, name: str, results: dict[str, float], license: str, format_tags: tuple[str, ...]
+) -> ModelCardData:
     languages = [code for code in map(_language_code, (run.source_lang, run.target_lang)) if code]
-    # custom_code: the Hub shows that loading runs the repo's code; a Marian export runs none.
-    own_tags = ["custom_code"] if format == "hf-transformer" else ["marian"]
     return ModelCardData(
         language=languages or None,
         license=license,
         library_name="transformers",
         pipeline_tag="translation",
-        tags=["translation", "transformer", "encoder-decoder", "vaswani-transformer", "hf-transformer", *own_tags],
+        tags=["translation", "transformer", "encoder-decoder", "vaswani-transformer", "hf-transformer", *format_tags],
         datasets=[run.hub_dataset] if run.hub_dataset else None,
         base_model=run.base_model,
         metrics=["bleu", "chrf"],
