@@ -33,7 +33,7 @@ def training_step(module, optimizers: dict, batch: dict, bf16: bool, clip: float
     """One update as Lightning runs it: the module's loss under autocast for bf16-mixed, backward, clipping, the
     module's AdamW step and learning-rate schedule."""
     with torch.autocast(module.device.type, dtype=torch.bfloat16, enabled=bf16):
-        loss = module.training_loss(batch).loss
+        loss = module.training_loss(batch)
     loss.backward()
     if clip:
         torch.nn.utils.clip_grad_norm_(module.parameters(), clip)

@@ -152,10 +152,28 @@ def run_settings(run: Path) -> dict:
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "multi30k.yaml"
 
 
+def flat_settings(section: dict) -> dict:
+    """A run's `model` or `data` settings in the names recipes use, the flat options of 0.4 (`peak_lr`,
+    `warmup_steps`, `cooldown_steps`, `rdrop_alpha`, `bpe_dropout`), from a config of either layout: since 0.4's, the
+    schedule is an object and R-Drop, the cool-down and BPE-dropout are classes chosen by class path
+    (lightning_modules/experimental)."""
+    path = section.get("class_path", "")
+    settings = dict(section.get("init_args") or {}) if "class_path" in section else dict(section)
+    schedule = settings.pop("schedule", None) or {}
+    settings |= schedule.get("init_args") or {}
+    if path.endswith("RDropTranslationModule"):
+        settings["rdrop_alpha"] = settings.pop("alpha", 5.0)
+    return settings
+
+
+# The value of each option of 0.4 that an experimental class replaced, where it changed nothing.
+OFF = {"cooldown_steps": 0, "rdrop_alpha": 0.0, "bpe_dropout": 0.0}
+
+
 def model_changes(model: dict) -> list[str]:
     """The model's settings (`TransformerConfig` fields, preset and overrides resolved) in which a run differs from
     configs/multi30k.yaml, but the dropout, which every recipe's name states: what a tried setting changed."""
-    shipped = yaml.safe_load(RECIPE.read_text())["model"]
+    shipped = flat_settings(yaml.safe_load(RECIPE.read_text())["model"])
     ours = model_config(model.get("preset", "base"), model.get("config"), model.get("init_from"))
     theirs = model_config(shipped["preset"], shipped["config"], None)
     return [
@@ -174,9 +192,9 @@ RECIPE_TRAINING_FIELDS = ("cooldown_steps", "rdrop_alpha", "weight_decay")
 def setting_changes(settings: dict, section: str, fields: tuple[str, ...], component: type) -> list[str]:
     """The `fields` in which a run's `settings` (its config's `section`: "data" or "model") differ from
     configs/multi30k.yaml's (or, where that leaves one out, from the default of `component`, which takes them)."""
-    defaults = inspect.signature(component).parameters
-    shipped_section = yaml.safe_load(RECIPE.read_text())[section]
-    shipped = {name: shipped_section.get(name, defaults[name].default) for name in fields}
+    defaults = {name: parameter.default for name, parameter in inspect.signature(component).parameters.items()}
+    shipped_section = flat_settings(yaml.safe_load(RECIPE.read_text())[section])
+    shipped = {name: shipped_section.get(name, {**defaults, **OFF}[name]) for name in fields}
     return [
         f"{name.replace('_', ' ')} {settings.get(name, shipped[name])}"
         for name in fields
@@ -188,7 +206,8 @@ def recipe(run: Path, version: str) -> str:
     """The settings of the run that tell recipes apart (the seed aside: a recipe's seeds are averaged), and the
     version that trained it."""
     settings = run_settings(run)
-    model, trainer, data = (settings.get(key) or {} for key in ("model", "trainer", "data"))
+    model, data = (flat_settings(settings.get(key) or {}) for key in ("model", "data"))
+    trainer = settings.get("trainer") or {}
     config = model.get("config") or {}
     changes = ", ".join(
         [

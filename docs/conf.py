@@ -35,7 +35,10 @@ napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 # Types from other libraries that autodoc names in signatures: no page of theirs in this site to link to.
 nitpick_ignore_regex = [
-    (r"py:.*", r"(torch|transformers|lightning|datasets|tokenizers|huggingface_hub|pathlib|numpy|fastapi)\..*"),
+    (
+        r"py:.*",
+        r"(torch|transformers|lightning|datasets|tokenizers|huggingface_hub|pathlib|numpy|fastapi|collections)\..*",
+    ),
     (r"py:class", r"GenerationMixin|PreTrainedTokenizer(Base|Fast)?|Module|Figure|Kind|CTranslate2Translator"),
 ]
 

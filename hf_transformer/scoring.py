@@ -16,6 +16,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
@@ -31,6 +32,52 @@ SACREBLEU_LOWERCASED = "sacreBLEU, lowercased"
 CHRF_SCORE = "chrF"
 # The scores a trained model reports under short names (test/bleu, test/chrf; the model card's metric types).
 LOGGED_SCORES = {"bleu": SACREBLEU, "chrf": CHRF_SCORE}
+
+
+@dataclass(frozen=True)
+class ValidationBLEU:
+    """The BLEU that training logs at each validation (`val/bleu`), its settings written once: torchmetrics'
+    `SacreBLEUScore`, whose states are sums over batches and ranks, computes it (no smoothing: an n-gram order without
+    a match scores 0), and its sacreBLEU signature labels it on the model card."""
+
+    tokenize: str = "13a"
+    lowercase: bool = False
+
+    def torchmetrics(self) -> Any:
+        from torchmetrics.text import SacreBLEUScore  # a metric of training: the rest of the package needs none
+
+        return SacreBLEUScore(tokenize=self.tokenize, lowercase=self.lowercase, smooth=False)
+
+    def signature(self) -> str:
+        """sacreBLEU's signature of the same computation against one reference per sentence."""
+        metric = BLEU(tokenize=self.tokenize, lowercase=self.lowercase, smooth_method="none")
+        metric.num_refs = 1  # sacreBLEU only knows it after scoring; validation scores against one reference
+        return metric.get_signature().format()
+
+
+@dataclass(frozen=True)
+class ValidationChrF:
+    """The chrF that training logs at each validation (`val/chrf`): character 6-grams, no word n-grams (chrF, not
+    chrF++), beta 2, whitespace ignored; torchmetrics' `CHRFScore` computes it, sacreBLEU's signature labels it."""
+
+    char_order: int = 6
+    word_order: int = 0
+    beta: int = 2
+
+    def torchmetrics(self) -> Any:
+        from torchmetrics.text import CHRFScore
+
+        return CHRFScore(n_char_order=self.char_order, n_word_order=self.word_order, beta=float(self.beta))
+
+    def signature(self) -> str:
+        metric = CHRF(char_order=self.char_order, word_order=self.word_order, beta=self.beta)
+        metric.num_refs = 1
+        return metric.get_signature().format()
+
+
+# The scores of validation, under their short names (val/bleu, val/chrf; the model card's metric types).
+VALIDATION_BLEU, VALIDATION_CHRF = ValidationBLEU(), ValidationChrF()
+VALIDATION_SCORES = {"bleu": VALIDATION_BLEU, "chrf": VALIDATION_CHRF}
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,18 @@
-"""The training logic: the model's own loss (teacher forcing with label smoothing), Adam with the paper's warm-up
-schedule, and evaluation by loss, perplexity and BLEU/chrF of beam-search translations."""
+"""The training logic: the model's own loss (teacher forcing with label smoothing), Adam with a learning-rate
+schedule (`schedules.py`; the paper's warm-up by default), and evaluation by loss, perplexity and BLEU/chrF of
+beam-search translations. Variants whose experiment did not pay (R-Drop, a cool-down) are subclasses and schedules in
+`lightning_modules.experimental`, chosen by class path."""
 
 import dataclasses
 import difflib
 import importlib.metadata
-import inspect
-from collections.abc import Callable
-from typing import Any, Literal, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.strategies import FSDPStrategy, Strategy
-from torchmetrics.text import CHRFScore, SacreBLEUScore
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
@@ -20,16 +20,16 @@ from hf_transformer.decoding.ensemble import Average, Ensemble
 from hf_transformer.decoding.translate import beam_search
 from hf_transformer.errors import CheckpointError, ConfigError, TrainingDiverged
 from hf_transformer.export.folder import saved_config
-from hf_transformer.model.integrity import check_token_ids, non_finite_tensors
-from hf_transformer.model.loss import IGNORE_INDEX, target_span
-from hf_transformer.scoring import LOGGED_SCORES, sacrebleu_scores
+from hf_transformer.hub.model_card import TRAINING_DESCRIPTION
+from hf_transformer.model.integrity import non_finite_tensors
+from hf_transformer.model.loss import IGNORE_INDEX
+from hf_transformer.scoring import LOGGED_SCORES, VALIDATION_BLEU, VALIDATION_CHRF, sacrebleu_scores
 
 from .callbacks.progress import telling_samples
 from .callbacks.resume import ExactResume
 from .checkpoint import check_same_model, tokenizer_from_checkpoint, tokenizer_state
 from .data.tokenization import model_vocabulary
-from .rdrop import rdrop_loss
-from .schedules import inverse_sqrt_lr_lambda, noam_lr_lambda, with_cooldown
+from .schedules import PAPER_SCHEDULE, Schedule
 
 # The logged name of each score of `hf_transformer.scoring` that a test logs.
 TEST_METRICS = {score: f"test/{name}" for name, score in LOGGED_SCORES.items()}
@@ -79,23 +79,6 @@ def model_config(
         raise ConfigError(f"model.config: {err}") from err
 
 
-def check_resumable(path: str, checkpoint: dict[str, Any]) -> None:
-    """Refuse a checkpoint whose module arguments this version does not take, saying which version wrote it; its
-    model still exports (`hf-transformer export` reads every version) and trains further with model.init_from."""
-    accepted = set(inspect.signature(TranslationModule).parameters) | {"_instantiator", "_class_path"}
-    unknown = sorted(set(checkpoint.get("hyper_parameters", {})) - accepted)
-    if not unknown:
-        return
-    version = checkpoint.get("hf_transformer_version", "a version before 0.2.0")
-    raise CheckpointError(
-        f"{path} was written by hf-transformer {version}, whose training module took {', '.join(unknown[:4])}; this "
-        f"version ({importlib.metadata.version('hf-transformer')}) takes every model setting, label smoothing "
-        f"included, under model.preset and model.config. Resume it with the version that wrote it ({version}), or "
-        f"export it (hf-transformer export {path} exports/old) and train on from that folder with --model.init_from "
-        "exports/old."
-    )
-
-
 def check_same_weights(checkpoint: dict[str, Any], module: pl.LightningModule) -> None:
     """Refuse a checkpoint whose weights are not the ones this config's model has (pre-LN adds a layer norm at the end
     of each stack), naming the settings that differ: Lightning's `load_state_dict` listed only the missing keys."""
@@ -118,46 +101,21 @@ def check_same_weights(checkpoint: dict[str, Any], module: pl.LightningModule) -
     )
 
 
-def check_training_settings(hparams: dict[str, Any]) -> None:
-    """Refuse settings that would fail only later (a division by zero in the schedule, a loss error after the
-    sanity check), naming the setting."""
+def batch_inputs(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """What the model takes of a training batch: the source, its mask and the labels."""
+    return {name: batch[name] for name in ("input_ids", "attention_mask", "labels")}
+
+
+def check_training_settings(hparams: Mapping[str, Any]) -> None:
+    """Refuse optimizer settings that would fail only later, naming the setting (the schedule checks its own)."""
     rules = {
-        "warmup_steps": (lambda value: value >= 1, "must be at least 1 (the paper warms up for 4000 steps)"),
-        "peak_lr": (lambda value: value is None or value > 0, "must be positive, or null for the paper's schedule"),
         "eps": (lambda value: value > 0, "must be positive (the paper uses 1e-9)"),
         "betas": (lambda value: all(0 <= beta < 1 for beta in value), "must both be in [0, 1) (the paper: 0.9, 0.98)"),
         "weight_decay": (lambda value: value >= 0, "must be at least 0"),
-        "cooldown_steps": (lambda value: value >= 0, "must be at least 0 (0: no cool-down)"),
-        "rdrop_alpha": (lambda value: value >= 0, "must be at least 0 (0: no R-Drop; its authors' translation: 5)"),
     }
     for name, (is_valid, rule) in rules.items():
         if not is_valid(hparams[name]):
             raise ConfigError(f"model.{name}={hparams[name]!r} {rule}")
-
-
-def check_cooldown(hparams: dict[str, Any], max_steps: int) -> None:
-    """Refuse a cool-down that does not fit between the warm-up and `trainer.max_steps` (also -1: no step limit)."""
-    needed = hparams["warmup_steps"] + hparams["cooldown_steps"]
-    if hparams["cooldown_steps"] and max_steps < needed:
-        raise ConfigError(
-            f"model.cooldown_steps={hparams['cooldown_steps']} needs trainer.max_steps ({max_steps}) of at least "
-            f"model.warmup_steps + model.cooldown_steps ({needed}): the cool-down ends at trainer.max_steps"
-        )
-
-
-def check_module_arguments(arguments: dict[str, Any]) -> None:
-    """Everything `TranslationModule` checks before building anything, from its arguments alone: the training settings
-    and the model config. Raises `ConfigError` naming the setting."""
-    check_training_settings(arguments)
-    model_config(arguments["preset"], arguments["config"], arguments["init_from"])
-
-
-class TrainingLoss(NamedTuple):
-    """What `TranslationModule.training_loss` returns: the loss to minimize and, with R-Drop, the divergence of the two
-    copies' output distributions (`rdrop.py`), without gradient, for the logs."""
-
-    loss: torch.Tensor
-    rdrop_divergence: torch.Tensor | None = None
 
 
 class TranslationModule(pl.LightningModule):
@@ -175,18 +133,13 @@ class TranslationModule(pl.LightningModule):
             max_position_embeddings: 128}; a later config file that sets it replaces it whole, --model.config.KEY
             overrides one field.
         init_from: a saved model (folder or Hub id) to train further instead of a new one.
-        peak_lr: the learning rate at the end of the warm-up, then decaying with the inverse square root of the step;
-            None is the paper's schedule (eq. 3), whose peak is (d_model * warmup_steps)^-0.5.
-        warmup_steps: steps of linear warm-up (4000 in the paper).
+        schedule: the learning-rate schedule, a class path with its arguments (`lightning_modules.schedules`):
+            by default `InverseSquareRoot`, the paper's warm-up of 4000 steps and eq. 3, e.g.
+            {class_path: lightning_modules.schedules.InverseSquareRoot, init_args: {peak_lr: 0.002, warmup_steps:
+            200}}, or --model.schedule.peak_lr 0.002.
         betas: Adam's beta1 and beta2 (0.9 and 0.98 in the paper).
         eps: Adam's epsilon (1e-9 in the paper).
         weight_decay: AdamW's decoupled weight decay (none in the paper).
-        cooldown_steps: the last `cooldown_steps` of `trainer.max_steps` decay the learning rate linearly to 0; 0 (the
-            paper) keeps the inverse square root to the end.
-        rdrop_alpha: R-Drop's weight (`rdrop.py`): each step runs every pair of the batch twice, under two dropout
-            masks, and adds rdrop_alpha / 2 times the symmetric KL divergence of the two output distributions to the
-            two cross-entropies, per target token of the doubled batch; a step computes twice `data.max_tokens`. 0
-            (the paper): no R-Drop.
         generation: GenerationConfig fields for validation and the saved model, over the paper's beam 4 and length
             penalty 0.6, e.g. {num_beams: 2}.
         compile: run the training loss (forward, loss and the loss's gradients) as one `torch.compile` graph with
@@ -200,20 +153,20 @@ class TranslationModule(pl.LightningModule):
         preset: Literal["base", "big"] = "base",
         config: dict[str, Any] | None = None,
         init_from: str | None = None,
-        peak_lr: float | None = None,
-        warmup_steps: int = 4000,
+        schedule: Schedule = PAPER_SCHEDULE,
         betas: tuple[float, float] = (0.9, 0.98),
         eps: float = 1e-9,
         weight_decay: float = 0.0,
-        cooldown_steps: int = 0,
-        rdrop_alpha: float = 0.0,
         generation: dict[str, Any] | None = None,
         compile: bool = False,
     ):
         super().__init__()
-        self.save_hyperparameters(ignore=["tokenizer"])
-        check_training_settings(self.hparams)
-        self.tokenizer = tokenizer
+        # Plain values only (a checkpoint reloads with weights_only=True): the schedule as a config names it, also in
+        # the hyperparameters that the loggers record.
+        self.save_hyperparameters(ignore=["tokenizer", "schedule"])
+        self.save_hyperparameters({**self.hparams, "schedule": schedule.hyperparameters()})
+        self.check_arguments(self.hparams)
+        self.tokenizer, self.schedule = tokenizer, schedule
         vocabulary = model_vocabulary(tokenizer) if tokenizer is not None else {}
         if init_from is None:
             self.model = TransformerForConditionalGeneration(model_config(preset, config, init_from, vocabulary))
@@ -232,8 +185,8 @@ class TranslationModule(pl.LightningModule):
         self.register_buffer("non_finite_losses", torch.zeros((), dtype=torch.long), persistent=False)
         # Validation's scores are sums over batches and ranks (torchmetrics); the test split's are computed once, from
         # all its translations, by `hf_transformer.scoring` (`on_test_epoch_end`).
-        self.val_bleu = SacreBLEUScore(tokenize="13a")
-        self.val_chrf = CHRFScore(n_word_order=0)
+        self.val_bleu = VALIDATION_BLEU.torchmetrics()
+        self.val_chrf = VALIDATION_CHRF.torchmetrics()
         # The divisor of the optimizer step's summed losses, this rank's target tokens in the step so far and in the
         # batch under way (`on_train_batch_start`).
         self._step_divisor: torch.Tensor | None = None
@@ -247,6 +200,13 @@ class TranslationModule(pl.LightningModule):
         # that they are neither this module's parameters nor in its checkpoints.
         self.ensemble_members: list[TransformerForConditionalGeneration] = []
         self.ensemble_average: Average = "probabilities"
+
+    @classmethod
+    def check_arguments(cls, arguments: Mapping[str, Any]) -> None:
+        """Refuse settings of the module's `arguments` that would fail only later, naming the setting: the CLI checks
+        them before any work (the data module, built first, may train a tokenizer), the module when it is made. The
+        schedule checks its own when it is made."""
+        check_training_settings(arguments)
 
     # --- training ----------------------------------------------------------------------------------------------
 
@@ -265,31 +225,10 @@ class TranslationModule(pl.LightningModule):
         method = type(self).training_loss.__get__(self)
         self.training_loss = torch.compile(method, dynamic=True, backend=backend)
 
-    def training_loss(self, batch: dict[str, Any], num_items_in_batch: torch.Tensor | None = None) -> TrainingLoss:
+    def training_loss(self, batch: dict[str, Any], num_items_in_batch: torch.Tensor | None = None) -> torch.Tensor:
         """The model's loss on `batch`: label-smoothed cross-entropy (`config.label_smoothing`) summed over the target
-        tokens and divided by `num_items_in_batch`, by default the batch's own target tokens; with `rdrop_alpha`,
-        R-Drop's loss of the batch run twice, divided by twice that, and its divergence divided by that."""
-        inputs = {name: batch[name] for name in ("input_ids", "attention_mask", "labels")}
-        alpha = self.hparams.rdrop_alpha
-        if not alpha:
-            return TrainingLoss(self.model(**inputs, num_items_in_batch=num_items_in_batch).loss)
-        if num_items_in_batch is None:
-            num_items_in_batch = (inputs["labels"] != IGNORE_INDEX).sum()
-        # One batch holding each pair twice: the two copies draw different dropout masks in one forward pass. The base
-        # model runs the decoder as `forward(labels=...)` does (inputs shifted right, up to each row's last target), and
-        # `rdrop_loss` projects its output onto the vocabulary once for the cross-entropies and the divergence.
-        twice = {name: torch.cat([tensor, tensor]) for name, tensor in inputs.items()}
-        check_token_ids(inputs["labels"], self.model.config.vocab_size, ignore_index=IGNORE_INDEX, name="labels")
-        decoder_output = self.model.base_model(
-            twice["input_ids"],
-            twice["attention_mask"],
-            self.model.prepare_decoder_input_ids_from_labels(twice["labels"]),
-            target_span(twice["labels"]),
-            use_cache=False,
-        ).last_hidden_state
-        weight, smoothing = self.model.get_output_embeddings().weight, self.model.config.label_smoothing
-        loss, divergence = rdrop_loss(decoder_output, weight, inputs["labels"], smoothing, alpha)
-        return TrainingLoss(loss / (2 * num_items_in_batch), divergence / num_items_in_batch)
+        tokens and divided by `num_items_in_batch`, by default the batch's own target tokens."""
+        return self.model(**batch_inputs(batch), num_items_in_batch=num_items_in_batch).loss
 
     def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
         """Count the step's target tokens. Every token of an optimizer step weighs the same, as in the paper's
@@ -311,12 +250,10 @@ class TranslationModule(pl.LightningModule):
             tokens = divisor = (batch["labels"] != IGNORE_INDEX).sum()
         else:  # counted by `on_train_batch_start`
             tokens, divisor = self._batch_tokens, self._step_divisor
-        loss, rdrop_divergence = self.training_loss(batch, divisor)
+        loss = self.training_loss(batch, divisor)
         per_token = loss.detach() * divisor / tokens
         self.non_finite_losses += ~torch.isfinite(per_token)
         self.log("train/loss", per_token, prog_bar=True)
-        if rdrop_divergence is not None:  # train/loss holds rdrop_alpha / 4 times it
-            self.log("train/rdrop_divergence", rdrop_divergence * divisor / tokens)
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -345,13 +282,7 @@ class TranslationModule(pl.LightningModule):
 
     def configure_optimizers(self):
         hparams = self.hparams
-        if hparams.peak_lr is None:
-            lr_lambda = noam_lr_lambda(self.model.config.d_model, hparams.warmup_steps)
-        else:
-            lr_lambda = inverse_sqrt_lr_lambda(hparams.peak_lr, hparams.warmup_steps)
-        if hparams.cooldown_steps:
-            check_cooldown(hparams, self.trainer.max_steps)
-            lr_lambda = with_cooldown(lr_lambda, hparams.cooldown_steps, self.trainer.max_steps)
+        lr_lambda = self.schedule.lr_lambda(self.model.config.d_model, self.max_steps())
         # One fused kernel for all parameters on GPUs, where Lightning allows it (an eager step's optimizer update is
         # a large share of its GPU time); one multi-tensor loop elsewhere.
         fused = self.device.type == "cuda" and fused_adam_allowed(
@@ -369,6 +300,13 @@ class TranslationModule(pl.LightningModule):
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def max_steps(self) -> int:
+        """`trainer.max_steps`, the run's updates: -1 (no limit) also outside a Trainer."""
+        try:
+            return self.trainer.max_steps
+        except RuntimeError:  # not attached to a Trainer
+            return -1
+
     def configure_gradient_clipping(
         self,
         optimizer: torch.optim.Optimizer,
@@ -380,6 +318,11 @@ class TranslationModule(pl.LightningModule):
             self.trainer.model.clip_grad_norm_(gradient_clip_val)
         else:
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def describe_training(self) -> list[tuple[str, str]]:
+        """How this module trains, in words, row by row for the model card (which reads them from the checkpoint,
+        `TRAINING_DESCRIPTION`): the schedule's own description; a subclass adds its rows."""
+        return [("Learning-rate schedule", self.schedule.describe(self.model.config.d_model))]
 
     # --- evaluation --------------------------------------------------------------------------------------------
 
@@ -493,9 +436,9 @@ class TranslationModule(pl.LightningModule):
             else "No checkpoint was written before it: start again"
         )
         return (
-            f"{where} with a lower learning rate (model.peak_lr), more warm-up "
-            "(model.warmup_steps), gradient clipping (trainer.gradient_clip_val) or bf16-mixed instead of 16-mixed "
-            "precision."
+            f"{where} with a lower learning rate (model.schedule.peak_lr), more warm-up "
+            "(model.schedule.warmup_steps), gradient clipping (trainer.gradient_clip_val) or bf16-mixed instead of "
+            "16-mixed precision."
         )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -511,6 +454,7 @@ class TranslationModule(pl.LightningModule):
         checkpoint["hf_transformer_version"] = importlib.metadata.version("hf-transformer")
         checkpoint["hf_config"] = self.model.config.to_dict()
         checkpoint["generation_config"] = self.model.generation_config.to_dict()
+        checkpoint[TRAINING_DESCRIPTION] = self.describe_training()
         if self.tokenizer is not None:
             checkpoint["tokenizer"] = tokenizer_state(self.tokenizer)
 

@@ -86,11 +86,15 @@ def tiny_data(tmp: Path, **overrides) -> TranslationDataModule:
 
 
 def tiny_module(
-    data: TranslationDataModule | None = None, config: dict | None = None, **overrides
+    data: TranslationDataModule | None = None,
+    config: dict | None = None,
+    module: type[TranslationModule] = TranslationModule,
+    **overrides,
 ) -> TranslationModule:
-    """A `TINY_MODEL` training module (`config`: more TransformerConfig fields); given `data`, with its tokenizer."""
+    """A `TINY_MODEL` training module (`config`: more TransformerConfig fields), a `TranslationModule` or a subclass of
+    it (`module`); given `data`, with its tokenizer."""
     tokenizer = data.tokenizer if data is not None else None
-    return TranslationModule(tokenizer=tokenizer, config={**TINY_MODEL, **(config or {})}, **overrides)
+    return module(tokenizer=tokenizer, config={**TINY_MODEL, **(config or {})}, **overrides)
 
 
 SOURCE_LENGTH = 9

@@ -22,7 +22,9 @@ from jsonargparse import ArgumentParser
 from lightning.pytorch.strategies import Strategy
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_modules.experimental import RDropTranslationModule
 from lightning_modules.module import TranslationModule
+from lightning_modules.schedules import InverseSquareRoot
 
 SEED = 0
 STEPS = 4
@@ -35,17 +37,18 @@ FSDP_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "trainer" / "fsd
 
 
 def ddp_module(rdrop_alpha: float = 0.0) -> TranslationModule:
-    """Dropout 0 so that every process computes the same function; label smoothing as in the paper."""
+    """Dropout 0 so that every process computes the same function; label smoothing as in the paper. With
+    `rdrop_alpha`, the experimental R-Drop module."""
     vocabulary = dict(vocab_size=VOCAB_SIZE, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
+    rdrop = dict(module=RDropTranslationModule, alpha=rdrop_alpha) if rdrop_alpha else {}
     return tiny_module(
         config=dict(dropout=0.0, max_position_embeddings=32, decoder_start_token_id=BOS, **vocabulary),
-        peak_lr=1e-3,
-        warmup_steps=2,
+        schedule=InverseSquareRoot(peak_lr=1e-3, warmup_steps=2),
         # The key projection's bias has a true gradient of zero (softmax ignores a shift shared by all keys), so its
         # gradient is rounding noise (~1e-9) that differs between one and two processes. Adam with the paper's eps
         # of 1e-9 would turn that noise into full +-lr steps; with 1e-5 it moves weights by < 1e-6 in all.
         eps=1e-5,
-        rdrop_alpha=rdrop_alpha,
+        **rdrop,
     )
 
 
@@ -137,7 +140,7 @@ def main() -> None:
     parser.add_argument("--accelerator", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp", help="ddp: with more than one process")
     parser.add_argument("--gradient-clip-val", type=float, default=None, help="clip the gradients' norm to this")
-    parser.add_argument("--rdrop-alpha", type=float, default=0.0, help="R-Drop's weight (the module's rdrop_alpha)")
+    parser.add_argument("--rdrop-alpha", type=float, default=0.0, help="R-Drop's weight (0: no R-Drop)")
     args = parser.parse_args()
 
     # One thread per process: the same summation order in every run, and no oversubscribed CPU cores.

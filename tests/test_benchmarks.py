@@ -153,32 +153,59 @@ def test_the_headline_is_the_recipe_of_most_seeds_not_a_setting_tried_last(monke
 
 
 def test_a_recipe_names_the_model_and_data_settings_it_changes(tmp_path, monkeypatch):
-    """A tried setting is another recipe, not another seed of the recipe (whose entry it would replace)."""
+    """A tried setting is another recipe, not another seed of the recipe (whose entry it would replace); a run of 0.4
+    (flat options) and one of this version (the same settings as classes chosen by class path) name the same
+    recipe."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    from quality import RECIPE, recipe
+    from quality import RECIPE, flat_settings, recipe
 
     shipped = yaml.safe_load(RECIPE.read_text())
 
-    def named(changes: dict, data: dict | None = None, training: dict | None = None) -> str:
+    def named(model: dict, data: dict | None = None) -> str:
         logs = tmp_path / "logs" / "version_0"
         logs.mkdir(parents=True, exist_ok=True)
-        config = {**shipped["model"]["config"], **changes}
-        model = {**shipped["model"], "config": config, "warmup_steps": 2000, **(training or {})}
-        settings = {"model": model, "trainer": {"max_steps": 8000}, "data": {**shipped["data"], **(data or {})}}
+        settings = {"model": model, "trainer": {"max_steps": 8000}, "data": data or shipped["data"]}
         (logs / "config.yaml").write_text(json.dumps(settings))  # JSON is YAML
         return recipe(tmp_path, "1.0")
 
-    plain = named({"dropout": 0.3, "attention_dropout": 0.0})
+    def of_0_4(changes: dict, data: dict | None = None, training: dict | None = None) -> str:
+        config = {**shipped["model"]["config"], **changes}
+        model = {**flat_settings(shipped["model"]), "config": config, "warmup_steps": 2000, **(training or {})}
+        return named(model, {**shipped["data"], **(data or {})})
+
+    def of_now(changes: dict, module: str | None = None, alpha: float = 5.0, cooldown: int | None = None) -> str:
+        schedule = {"class_path": "lightning_modules.schedules.InverseSquareRoot", "init_args": {"peak_lr": 0.005}}
+        schedule["init_args"]["warmup_steps"] = 2000
+        if cooldown:
+            schedule["class_path"] = "lightning_modules.experimental.InverseSquareRootWithCooldown"
+            schedule["init_args"]["cooldown_steps"] = cooldown
+        init_args = {**shipped["model"], "config": {**shipped["model"]["config"], **changes}, "schedule": schedule}
+        if module:
+            init_args["alpha"] = alpha
+        return named({"class_path": module or "lightning_modules.TranslationModule", "init_args": init_args})
+
+    plain = of_0_4({"dropout": 0.3, "attention_dropout": 0.0})
     assert "attention dropout" not in plain and "bpe" not in plain
-    assert named({"dropout": 0.3}, {"bpe_dropout": 0.0, "streaming": True, "dataset": "elsewhere"}) == plain
-    tried = named({"dropout": 0.3, "attention_dropout": 0.1, "activation_dropout": 0.1})
+    assert of_0_4({"dropout": 0.3}, {"bpe_dropout": 0.0, "streaming": True, "dataset": "elsewhere"}) == plain
+    tried = of_0_4({"dropout": 0.3, "attention_dropout": 0.1, "activation_dropout": 0.1})
     assert "dropout 0.3, attention dropout 0.1, activation dropout 0.1, warm-up 2000" in tried
-    assert "dropout 0.3, bpe dropout 0.1, warm-up 2000" in named({"dropout": 0.3}, {"bpe_dropout": 0.1})
-    assert named({"dropout": 0.3}, training={"cooldown_steps": 0}) == plain
-    cooled = named({"dropout": 0.3}, training={"cooldown_steps": 3000})
+    assert "dropout 0.3, bpe dropout 0.1, warm-up 2000" in of_0_4({"dropout": 0.3}, {"bpe_dropout": 0.1})
+    assert of_0_4({"dropout": 0.3}, training={"cooldown_steps": 0}) == plain
+    cooled = of_0_4({"dropout": 0.3}, training={"cooldown_steps": 3000})
     assert "dropout 0.3, cooldown steps 3000, warm-up 2000" in cooled
-    assert named({"dropout": 0.3}, training={"rdrop_alpha": 0.0}) == plain
-    assert "dropout 0.3, rdrop alpha 5.0, warm-up 2000" in named({"dropout": 0.3}, training={"rdrop_alpha": 5.0})
+    assert of_0_4({"dropout": 0.3}, training={"rdrop_alpha": 0.0}) == plain
+    rdrop = of_0_4({"dropout": 0.3}, training={"rdrop_alpha": 5.0})
+    assert "dropout 0.3, rdrop alpha 5.0, warm-up 2000" in rdrop
+    assert of_now({"dropout": 0.3}) == plain
+    assert of_now({"dropout": 0.3}, cooldown=3000) == cooled
+    assert of_now({"dropout": 0.3}, module="lightning_modules.experimental.RDropTranslationModule") == rdrop
+    bpe = {"class_path": "lightning_modules.experimental.BPEDropoutDataModule", "init_args": {**shipped["data"]}}
+    bpe["init_args"] |= {"bpe_dropout": 0.1, "streaming": True}
+    expected = of_0_4({"dropout": 0.3}, {"bpe_dropout": 0.1, "streaming": True})
+    of_now({"dropout": 0.3})
+    (logs,) = tmp_path.glob("logs/version_0/config.yaml")
+    logs.write_text(json.dumps({**yaml.safe_load(logs.read_text()), "data": bpe}))  # the recipe's model, of now
+    assert recipe(tmp_path, "1.0") == expected
 
 
 def test_padding_benchmark_runs(tmp_path):

@@ -30,6 +30,7 @@ from lightning_modules import TranslationDataModule
 from lightning_modules.data.batching import padding_efficiency
 from lightning_modules.data.sources import load_split
 from lightning_modules.data.synthetic import number_to_words, synthetic_splits
+from lightning_modules.experimental import BPEDropoutDataModule
 
 SMALL = {"synthetic_train_size": 2000, "synthetic_eval_size": 200, "max_tokens": 512, "eval_max_tokens": 512}
 MULTI30K = {"source_lang": "en", "target_lang": "de", "validation_split": "val", "test_split": "test_2016_flickr"}
@@ -94,10 +95,13 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 PAIRS = [("a small dog runs", "ein kleiner Hund rennt"), ("two men", "zwei Männer"), ("a cat", "eine Katze")]
 
 
-def local_module(dataset: Path | str, **kwargs) -> TranslationDataModule:
-    """A data module over a tiny local dataset, ready to use (tokenizer trained, all splits prepared)."""
+def local_module(
+    dataset: Path | str, module: type[TranslationDataModule] = TranslationDataModule, **kwargs
+) -> TranslationDataModule:
+    """A data module (`module`: a subclass) over a tiny local dataset, ready to use (tokenizer trained, all splits
+    prepared)."""
     args = {"source_lang": "en", "target_lang": "de", "bpe_vocab_size": 100, "bpe_min_frequency": 1, **kwargs}
-    dm = TranslationDataModule(dataset=str(dataset), **args)
+    dm = module(dataset=str(dataset), **args)
     dm.setup()
     return dm
 
@@ -343,16 +347,16 @@ def test_multi30k_vocabulary_keeps_punctuation_apart_from_words(multi30k):
     assert tokenizer.tokenize("Blumen.") == [*tokenizer.tokenize("Blumen"), "."]
 
 
-# ---------------------------------------------------------------------------------------------------- BPE-dropout
+# ------------------------------------------------------------------------------------- BPE-dropout (experimental)
 def test_bpe_dropout_without_a_stream_is_refused_naming_the_fix():
     with pytest.raises(DataError, match="data.bpe_dropout=0.1 .* set data.streaming to true"):
-        TranslationDataModule(**SMALL, bpe_dropout=0.1)
+        BPEDropoutDataModule(**SMALL, bpe_dropout=0.1)
 
 
-@pytest.mark.parametrize("value", [-0.1, 1.0])
+@pytest.mark.parametrize("value", [-0.1, 0.0, 1.0])
 def test_bpe_dropout_that_is_no_probability_is_refused(value):
-    with pytest.raises(DataError, match=r"data.bpe_dropout=.* is not a probability in \[0, 1\)"):
-        TranslationDataModule(**SMALL, bpe_dropout=value)
+    with pytest.raises(DataError, match=r"data.bpe_dropout=.* is not a probability in \(0, 1\).*TranslationDataModule"):
+        BPEDropoutDataModule(**SMALL, bpe_dropout=value, streaming=True)
 
 
 def repeated_sentences(folder: Path) -> list[str]:
@@ -371,8 +375,10 @@ def test_bpe_dropout_with_a_tokenizer_that_is_not_bpe_is_refused(tmp_path):
     words.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", eos_token="</s>")
     tokenizer.save_pretrained(tmp_path / "words")
-    with pytest.raises(DataError, match="is a WordLevel model: set data.bpe_dropout to 0"):
-        local_module(tmp_path / "data", tokenizer=str(tmp_path / "words"), streaming=True, bpe_dropout=0.1)
+    with pytest.raises(DataError, match="is a WordLevel model: use lightning_modules.TranslationDataModule"):
+        local_module(
+            tmp_path / "data", BPEDropoutDataModule, tokenizer=str(tmp_path / "words"), streaming=True, bpe_dropout=0.1
+        )
 
 
 def test_a_stream_with_bpe_dropout_segments_its_pairs_anew_and_plans_batches_on_those_segmentations(tmp_path):
@@ -381,7 +387,12 @@ def test_a_stream_with_bpe_dropout_segments_its_pairs_anew_and_plans_batches_on_
     sentences = repeated_sentences(tmp_path / "data")
     settings = {"max_tokens": 120, "max_source_positions": 40, "max_target_positions": 40}
     dm = local_module(
-        tmp_path / "data", streaming=True, bpe_dropout=0.3, tokenizer_dir=str(tmp_path / "tok"), **settings
+        tmp_path / "data",
+        BPEDropoutDataModule,
+        streaming=True,
+        bpe_dropout=0.3,
+        tokenizer_dir=str(tmp_path / "tok"),
+        **settings,
     )
     dm.trainer = pl.Trainer(max_steps=1000, logger=False, enable_checkpointing=False)
     tokenizer, passes = dm.tokenizer, []

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import huggingface_hub.constants
 import pytest
 import torch
-from conftest import make_tiny_config
+from conftest import TINY_CONFIG, make_tiny_config
 from huggingface_hub import HfApi, ModelCard, hf_hub_download, snapshot_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
@@ -27,15 +27,16 @@ from huggingface_hub.errors import (
 )
 from sacrebleu.metrics import BLEU
 from safetensors.torch import save_file
-from torchmetrics.text import SacreBLEUScore
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, translate
 from hf_transformer.decoding.translate import MAX_LENGTH_OFFSET
 from hf_transformer.errors import HubError
 from hf_transformer.hub.model_card import bleu_signature, chrf_signature, write_model_card
 from hf_transformer.hub.push import push_folder
-from hf_transformer.scoring import CHRF_SCORE, SACREBLEU, sacrebleu_scores
+from hf_transformer.scoring import CHRF_SCORE, SACREBLEU, VALIDATION_BLEU, sacrebleu_scores
 from lightning_modules.cli import main
+from lightning_modules.experimental import InverseSquareRootWithCooldown, RDropTranslationModule
+from lightning_modules.upgrade import describe_training
 
 if TYPE_CHECKING:
     from tests.hub_server import FakeHub
@@ -388,14 +389,35 @@ def test_each_score_carries_the_signature_of_what_computed_it(tmp_path: Path) ->
     labels = {score.name: score.how for score in sacrebleu_scores(hypotheses, references)}
     assert signatures[("test", "bleu")] == labels[SACREBLEU] and signatures[("test", "chrf")] == labels[CHRF_SCORE]
     assert signatures[("val", "bleu")] == bleu_signature() and signatures[("val", "chrf")] == chrf_signature()
-    # The two BLEUs differ where smoothing counts, and each signature describes its own.
-    validation = 100 * float(SacreBLEUScore(tokenize="13a")(hypotheses, [references]))
+    # The two BLEUs differ where smoothing counts, and each signature describes its own: the metric that validation
+    # logs computes what its signature says.
+    validation = 100 * float(VALIDATION_BLEU.torchmetrics()(hypotheses, [references]))
     assert validation == pytest.approx(BLEU(smooth_method="none").corpus_score(hypotheses, [references]).score)
     assert validation == 0 < BLEU().corpus_score(hypotheses, [references]).score
     assert "smooth:none" in signatures[("val", "bleu")] and "smooth:exp" in signatures[("test", "bleu")]
     for split in ("test", "val"):
         line = next(line for line in card.text.splitlines() if line.startswith(f"- {split}: scored by "))
         assert f"BLEU `{signatures[(split, 'bleu')]}`" in line and f"chrF `{signatures[(split, 'chrf')]}`" in line
+
+
+def test_the_cards_training_rows_are_the_schedules_and_the_modules_own_descriptions(tmp_path: Path) -> None:
+    """The card shows how the module trained as the module describes it (the schedule's own description, a row of
+    each variant's): a cool-down and R-Drop appear, for a checkpoint of this version and, described when it is
+    exported, for one of 0.4 that held them as flat module arguments."""
+    schedule = InverseSquareRootWithCooldown(cooldown_steps=300, peak_lr=0.002, warmup_steps=100)
+    module = RDropTranslationModule(config=dict(TINY_CONFIG), alpha=3.0, schedule=schedule)
+    checkpoint = card_checkpoint(hyper_parameters=dict(module.hparams), training_description=module.describe_training())
+    flat = dict(peak_lr=0.002, warmup_steps=100, cooldown_steps=300, rdrop_alpha=3.0, betas=[0.9, 0.98], eps=1e-9)
+    old = card_checkpoint(hyper_parameters=flat)
+    rows = []
+    for name, written in (("new", checkpoint), ("old", old)):
+        (tmp_path / name).mkdir()
+        card = write_model_card(tmp_path / name, {**written, "training_description": describe_training(written)})
+        rows.append(re.findall(r"^\| (Learning-rate schedule|R-Drop) \| (.*) \|$", card.read_text(), re.MULTILINE))
+    assert rows[0] == rows[1] and [label for label, _ in rows[0]] == ["Learning-rate schedule", "R-Drop"]
+    assert rows[0][0][1] == schedule.describe(make_tiny_config().d_model)
+    assert "peak 0.002 after 100 linear warm-up steps" in rows[0][0][1] and "the last 300 steps" in rows[0][0][1]
+    assert rows[0][1][1].startswith("alpha 3.0 (Liang et al. 2021)")
 
 
 def test_the_cards_decoding_row_gives_the_output_bound_of_each_way_to_decode(tiny_tokenizer, tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from lightning_modules.checkpoint import load_checkpoint, model_from_checkpoint,
 from lightning_modules.cli import main
 from lightning_modules.export import export_checkpoint
 from lightning_modules.module import TranslationModule
+from lightning_modules.schedules import InverseSquareRoot
 
 if TYPE_CHECKING:
     from tests.hub_server import FakeHub
@@ -48,7 +49,7 @@ RUN_MODULE = dict(
     generation=RUN_DECODING,
     # max_position_embeddings is also the generation length limit: an untrained model decodes that far.
     config=dict(dropout=0.0, max_position_embeddings=32),
-    warmup_steps=10,
+    schedule=InverseSquareRoot(warmup_steps=10),
 )
 
 
@@ -321,7 +322,7 @@ def test_a_marian_folder_pushes_as_marian_only_with_its_card_pointing_at_the_rep
     assert f'model_id = "{folder.resolve()}"' in (folder / "README.md").read_text()
 
     status, _, err = push(str(folder), REPO, capsys=capsys)
-    assert status == 1 and "holds a stock Marian model: push it with --format marian" in err
+    assert status == 1 and "is an export of --format marian: push it with --format marian" in err
 
     status, _, err = push(str(folder), REPO, "--format", "marian", capsys=capsys)
     assert status == 0, err

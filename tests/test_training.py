@@ -40,6 +40,7 @@ from lightning_modules.checkpoint import (
 from lightning_modules.cli import main, run
 from lightning_modules.cli.training import TranslationCLI
 from lightning_modules.export import export_checkpoint
+from lightning_modules.module import model_config
 from lightning_modules.schedules import noam_lr_lambda
 
 CONFIGS = sorted(DEMO.parent.glob("*.yaml"))  # the experiments; configs/trainer/ holds trainer settings to compose
@@ -55,11 +56,15 @@ def val_bleu(log_dir: Path) -> list[float]:
         return [float(row["val/bleu"]) for row in csv.DictReader(metrics) if row.get("val/bleu")]
 
 
+RDROP = "--model.class_path=lightning_modules.experimental.RDropTranslationModule"
+COOLDOWN = "--model.schedule=lightning_modules.experimental.InverseSquareRootWithCooldown"
+
+
 def test_rdrop_logs_its_divergence_beside_the_loss(run_dir):
-    """With R-Drop, train/loss is the loss minimized (the cross-entropy plus rdrop_alpha / 4 times the divergence per
+    """With R-Drop, train/loss is the loss minimized (the cross-entropy plus alpha / 4 times the divergence per
     target token), and train/rdrop_divergence the divergence of the two dropout masks' distributions, at every step
     that logs; a run without R-Drop logs none."""
-    fit("--model.rdrop_alpha=5", "--trainer.max_steps=4", "--trainer.log_every_n_steps=1")
+    fit(RDROP, "--model.alpha=5", "--trainer.max_steps=4", "--trainer.log_every_n_steps=1")
     newest = max(run_dir.glob("runs/demo/logs/version_*/metrics.csv"), key=lambda path: int(path.parent.name[8:]))
     with open(newest) as metrics:
         rows = [row for row in csv.DictReader(metrics) if row.get("train/loss")]
@@ -173,7 +178,7 @@ def test_non_finite_loss_stops_with_a_message_naming_the_checkpoint_that_resumes
 
     def poisoned(self, batch, num_items_in_batch=None):
         loss = original(self, batch, num_items_in_batch)
-        return loss._replace(loss=loss.loss * float("nan")) if self.global_step == 4 else loss
+        return loss * float("nan") if self.global_step == 4 else loss
 
     monkeypatch.setattr(TranslationModule, "training_loss", poisoned)
     # The loss is read from the device every NON_FINITE_CHECK_INTERVAL steps and before every checkpoint: the one of
@@ -240,7 +245,7 @@ def test_saved_steps_are_regular_across_epoch_ends(run_dir):
 
 
 def test_config_errors_are_reported_before_any_work(run_dir):
-    for bad in ("--model.d_modle=64", "--model.warmup_steps=high", "--trainer.max_stepz=3"):
+    for bad in ("--model.d_modle=64", "--model.schedule.warmup_steps=high", "--trainer.max_stepz=3"):
         started = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "lightning_modules.cli", "fit", "--config", str(DEMO), bad],
@@ -266,10 +271,17 @@ def test_config_errors_are_reported_before_any_work(run_dir):
         ("--model.d_model=64", "did you mean --model.config.d_model?"),
         ("--model.config.encoder_attention_heads=3", "model.config: TransformerConfig"),
         ("--trainer.max_step=3", "did you mean --trainer.max_steps?"),  # an abbreviation is refused, not expanded
-        ("--model.warmup_steps=0", "model.warmup_steps=0 must be at least 1"),
-        ("--model.cooldown_steps=-1", "model.cooldown_steps=-1 must be at least 0"),
-        ("--model.rdrop_alpha=-1", "model.rdrop_alpha=-1.0 must be at least 0"),
-        ("--model.cooldown_steps=1100", "model.cooldown_steps=1100 needs trainer.max_steps (1200) of at least"),
+        ("--model.schedule.warmup_steps=0", "model.schedule.warmup_steps=0 must be at least 1"),
+        ("--model.schedule.peak_lr=-1", "model.schedule.peak_lr=-1.0 must be positive"),
+        (
+            '--model.schedule={"class_path": "lightning_modules.experimental.InverseSquareRootWithCooldown", '
+            '"init_args": {"cooldown_steps": 1100}}',
+            "model.schedule.cooldown_steps=1100 needs trainer.max_steps (1200) of at least",
+        ),
+        # Options of 0.4 that are classes now: each names the class path that replaces it.
+        ("--model.warmup_steps=100", "--model.warmup_steps is gone: the schedule is an object: set "),
+        ("--model.cooldown_steps=3", "schedule lightning_modules.experimental.InverseSquareRootWithCooldown"),
+        ("--model.rdrop_alpha=5", "R-Drop is the module lightning_modules.experimental.RDropTranslationModule"),
         ("--model.config.label_smoothing=1.5", "TransformerConfig.label_smoothing must be in [0, 1), got 1.5"),
         ("--data.dataset=./no/such/folder", "no/such/folder does not exist"),
         ("--trainer.enable_checkpointing=false", "every run checkpoints (to resume, to average, to export)"),
@@ -284,13 +296,18 @@ def test_mistakes_are_one_message_before_any_work(run_dir, capsys, bad, expected
     assert not (run_dir / "runs").exists()
 
 
-def test_the_data_keeps_and_cuts_pairs_to_the_model_positions(run_dir):
-    """One value: a model with fewer positions makes the data drop longer training pairs and cut evaluation pairs."""
-    from lightning_modules.cli.training import TranslationCLI
+def test_the_data_keeps_and_cuts_pairs_to_the_model_positions(run_dir, monkeypatch):
+    """One value: a model with fewer positions makes the data drop longer training pairs and cut evaluation pairs.
+    The command builds the model config of its settings once, for both links to the data and for its checks (it built
+    it six times)."""
+    from lightning_modules.cli import training
 
-    cli = TranslationCLI(
+    built = []
+    monkeypatch.setattr(training, "model_config", lambda *args: built.append(args) or model_config(*args))
+    cli = training.TranslationCLI(
         args=["--config", str(DEMO), "--config", "tiny.yaml", "--model.config.max_position_embeddings=9"], run=False
     )
+    assert len(built) == 1
     assert cli.model.model.config.max_position_embeddings == 9
     assert cli.datamodule.hparams.max_source_positions == cli.datamodule.hparams.max_target_positions == 9
     cli.datamodule.setup("fit")
@@ -652,39 +669,57 @@ def test_a_run_trained_further_after_max_steps_is_the_run_that_never_stopped(run
     assert totals["trained_seconds"] > 0
 
 
+def as_written_by(version: str, checkpoint: dict) -> dict:
+    """`checkpoint` as hf-transformer 0.3 or 0.4 wrote it: the schedule and R-Drop as flat module arguments
+    (`peak_lr`, `warmup_steps`, `cooldown_steps`, `rdrop_alpha`), no class path, no description of the training."""
+    hparams = dict(checkpoint["hyper_parameters"])
+    schedule = hparams.pop("schedule")["init_args"]
+    hparams.pop("_class_path", None)
+    flat = dict(
+        peak_lr=schedule["peak_lr"],
+        warmup_steps=schedule["warmup_steps"],
+        cooldown_steps=schedule.get("cooldown_steps", 0),
+        rdrop_alpha=hparams.pop("alpha", 0.0),
+    )
+    old = {key: value for key, value in checkpoint.items() if key != "training_description"}
+    return old | {"hf_transformer_version": version, "hyper_parameters": hparams | flat}
+
+
 def test_a_0_3_checkpoint_resumes_with_its_module_arguments(run_dir):
-    """A checkpoint of 0.3, whose training module also took rdrop_alpha and cooldown_steps (0.4 dropped both, then took
-    them back), resumes from its file with them: LightningCLI reads its module arguments back."""
+    """A checkpoint of 0.3, whose training module took rdrop_alpha and cooldown_steps, resumes from its file with
+    them: LightningCLI reads its module arguments back, upgraded to R-Drop's class and the schedule's."""
     fit("--trainer.max_steps=3")
-    checkpoint = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")
-    checkpoint["hf_transformer_version"] = "0.3.0"
+    checkpoint = as_written_by("0.3.0", load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt"))
     checkpoint["hyper_parameters"].update(cooldown_steps=0, rdrop_alpha=5.0)
     old = run_dir / "old.ckpt"
     torch.save(checkpoint, old)
     fit("--trainer.max_steps=6", f"--ckpt_path={old}")
     resumed = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")
-    assert resumed["global_step"] == 6 and resumed["hyper_parameters"]["rdrop_alpha"] == 5.0
+    assert resumed["global_step"] == 6
+    hparams = resumed["hyper_parameters"]
+    assert hparams["_class_path"].endswith("RDropTranslationModule") and hparams["alpha"] == 5.0
+    assert hparams["schedule"]["init_args"] == {"peak_lr": 0.002, "warmup_steps": 200}  # demo.yaml's
 
 
-def test_a_0_3_checkpoint_trained_with_a_cooldown_resumes_into_it_exactly(run_dir):
-    """A 0.3 run with a cool-down, interrupted inside it, resumes as the run that never stopped: the same weights, and
-    the learning rate at 0 at max_steps. The command names no cool-down: LightningCLI reads the module arguments back
-    from the checkpoint."""
-    fit(
-        "--trainer.max_steps=6",
-        "--model.warmup_steps=1",
-        "--model.cooldown_steps=3",
-        "--trainer.default_root_dir=uninterrupted",
-    )
-    checkpoint = load_checkpoint(run_dir / "uninterrupted/checkpoints/step000003.ckpt")
-    checkpoint["hf_transformer_version"] = "0.3.0"
-    checkpoint["hyper_parameters"]["rdrop_alpha"] = 0.0
+@pytest.mark.parametrize("version", ["0.3.0", "0.4.0"])
+def test_an_old_checkpoint_with_rdrop_and_a_cooldown_resumes_into_them_exactly(run_dir, version):
+    """A run of 0.3 or 0.4 with R-Drop and a cool-down, interrupted inside the cool-down, resumes as the run that
+    never stopped: the same weights (R-Drop's dropout masks included), and the learning rate at 0 at max_steps. The
+    command names neither: LightningCLI reads the module arguments back from the checkpoint, and they map onto
+    RDropTranslationModule and InverseSquareRootWithCooldown."""
+    settings = ["--trainer.max_steps=6", "--model.schedule.warmup_steps=1", "--model.schedule.cooldown_steps=3"]
+    fit(RDROP, "--model.alpha=5", COOLDOWN, *settings, "--trainer.default_root_dir=uninterrupted")
+    written = load_checkpoint(run_dir / "uninterrupted/checkpoints/step000003.ckpt")
     old = run_dir / "old.ckpt"
-    torch.save(checkpoint, old)
+    torch.save(as_written_by(version, written), old)
     fit("--trainer.max_steps=6", f"--ckpt_path={old}")
     resumed = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")
     uninterrupted = load_checkpoint(run_dir / "uninterrupted/checkpoints/last.ckpt")
     assert resumed["global_step"] == 6 and resumed["lr_schedulers"][0]["_last_lr"] == [0.0]
+    classes = [checkpoint["hyper_parameters"].pop("_class_path") for checkpoint in (resumed, uninterrupted)]
+    assert all(path.startswith("lightning_modules.experimental.") for path in classes)
+    assert all(path.endswith(".RDropTranslationModule") for path in classes)
+    assert resumed["hyper_parameters"] == uninterrupted["hyper_parameters"]
     for name, tensor in uninterrupted["state_dict"].items():
         assert torch.equal(resumed["state_dict"][name], tensor), name
 
@@ -928,8 +963,11 @@ def test_fit_offers_no_optimizer_or_scheduler_that_would_replace_the_recipes(cap
     with pytest.raises(SystemExit):
         main(["fit", "--help"])
     usage = capsys.readouterr().out
-    assert "--model.warmup_steps" in usage
+    assert "--model.help" in usage  # the module's options: `fit --model.help TranslationModule`
     assert "--optimizer" not in usage and "--lr_scheduler" not in usage
+    with pytest.raises(SystemExit):
+        main(["fit", "--model.help", "TranslationModule"])
+    assert "--model.schedule" in capsys.readouterr().out
 
 
 def error_line(capsys, *argv: str) -> str:
@@ -1130,6 +1168,27 @@ def test_a_class_path_of_0_3_names_where_the_class_is_now(run_dir, capsys):
         "hf-transformer fit: error: old.yaml, line 3: lightning_modules.attention_callback.AttentionMap is "
         "lightning_modules.callbacks.AttentionMap since hf-transformer 0.4; write that class path there"
     )
+
+
+@pytest.mark.parametrize(
+    ("option", "replacement"),
+    [
+        ("model.rdrop_alpha: 5", "R-Drop is the module lightning_modules.experimental.RDropTranslationModule"),
+        ("model.cooldown_steps: 3000", "a cool-down is the schedule lightning_modules.experimental.InverseSquareRoot"),
+        ("model.peak_lr: 0.002", "the schedule is an object: set model.schedule.peak_lr"),
+        ("data.bpe_dropout: 0.1", "BPE-dropout is the data module lightning_modules.experimental.BPEDropoutDataModule"),
+    ],
+)
+def test_a_training_option_of_0_4_names_the_class_that_replaces_it(run_dir, capsys, option, replacement):
+    """A config of 0.4 (a run folder's config.yaml among them) set R-Drop, the schedule and BPE-dropout as flat
+    options of the training and data modules: the file and line of the option, and the class path to write
+    instead."""
+    section, setting = option.split(".", 1)
+    (run_dir / "old.yaml").write_text(f"{section}:\n  seed: 0\n  {setting}\n")
+    message = error_line(capsys, "fit", "--config", str(DEMO), "--config", "old.yaml")
+    name = option.split(":")[0]
+    assert message.startswith(f"hf-transformer fit: error: old.yaml, line 3: {name} is gone: ")
+    assert replacement in message
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the configs run on this machine's GPUs")

@@ -25,12 +25,14 @@ from hf_transformer.model import loss
 from hf_transformer.model.loss import linear_cross_entropy, translation_loss
 from lightning_modules import TranslationDataModule, TranslationModule
 from lightning_modules.data.batching import TranslationCollator
+from lightning_modules.experimental import InverseSquareRootWithCooldown, RDropTranslationModule
+from lightning_modules.experimental.rdrop import rdrop_loss
 from lightning_modules.module import clips_norm_through_fsdp, fused_adam_allowed
-from lightning_modules.rdrop import rdrop_loss
+from lightning_modules.schedules import InverseSquareRoot
 
 
-def tiny_module(vocab_size: int = 64, **overrides) -> TranslationModule:
-    return TranslationModule(config={**TINY_CONFIG, "dropout": 0.1, "vocab_size": vocab_size}, **overrides)
+def tiny_module(vocab_size: int = 64, module: type[TranslationModule] = TranslationModule, **overrides):
+    return module(config={**TINY_CONFIG, "dropout": 0.1, "vocab_size": vocab_size}, **overrides)
 
 
 def padded_batch(vocab_size: int = 64) -> dict[str, torch.Tensor]:
@@ -82,7 +84,7 @@ MEMORY_CHILD = """
 import json, sys, torch, torch.nn.functional as F
 from pathlib import Path
 from hf_transformer.model.loss import linear_cross_entropy
-from lightning_modules.rdrop import rdrop_loss
+from lightning_modules.experimental.rdrop import rdrop_loss
 
 def peak_rss():
     return next(int(l.split()[1]) * 1024 for l in Path("/proc/self/status").read_text().splitlines()
@@ -203,16 +205,17 @@ def test_rdrop_adds_alpha_times_the_divergence_of_two_dropout_masks_to_the_plain
     batch = padded_batch()
     without_dropout = {**TINY_CONFIG, "dropout": 0.0, "vocab_size": 64}
     plain = TranslationModule(config=without_dropout).train()
-    rdrop = TranslationModule(config=without_dropout, rdrop_alpha=5.0).train()
+    rdrop = RDropTranslationModule(config=without_dropout, alpha=5.0).train()
     rdrop.load_state_dict(plain.state_dict())
-    assert float(rdrop.training_loss(batch).loss) == pytest.approx(float(plain.training_loss(batch).loss), rel=1e-5)
-    assert plain.training_loss(batch).rdrop_divergence is None
-    module = TranslationModule(config={**TINY_CONFIG, "dropout": 0.3, "vocab_size": 64}).train()
+    assert float(rdrop.training_loss(batch)) == pytest.approx(float(plain.training_loss(batch)), rel=1e-5)
+    module = RDropTranslationModule(config={**TINY_CONFIG, "dropout": 0.3, "vocab_size": 64}).train()
+    target_tokens = (batch["labels"] != -100).sum()
     losses, divergences = {}, {}
     for alpha in (1.0, 3.0, 5.0):
-        module.hparams.rdrop_alpha = alpha
+        module.alpha = alpha
         torch.manual_seed(1)
-        losses[alpha], divergences[alpha] = map(float, module.training_loss(batch))
+        losses[alpha] = float(module.training_loss(batch))
+        divergences[alpha] = float(module.divergence / target_tokens)  # as the training step logs it
     assert divergences[1.0] == divergences[3.0] == divergences[5.0] > 0
     assert losses[5.0] - losses[1.0] == pytest.approx(divergences[1.0], rel=1e-4)
     assert losses[3.0] - losses[1.0] == pytest.approx(divergences[1.0] / 2, rel=1e-4)
@@ -243,22 +246,22 @@ def test_twenty_real_batches_of_varying_shapes_share_one_compiled_graph():
     shapes = set()
     for _, batch in zip(range(20), data.train_dataloader(), strict=False):
         shapes.add((*batch["input_ids"].shape, batch["labels"].shape[1]))
-        module.training_loss(batch).loss.backward()
+        module.training_loss(batch).backward()
     assert len(shapes) >= 5, shapes
     assert len(compilations) <= 2
 
 
-@pytest.mark.parametrize("rdrop_alpha", [0.0, 5.0])
-def test_compiled_training_loss_equals_eager_in_loss_and_gradients(rdrop_alpha):
+@pytest.mark.parametrize("module_class", [TranslationModule, RDropTranslationModule])
+def test_compiled_training_loss_equals_eager_in_loss_and_gradients(module_class):
     """Compiled with inductor, which keeps every target position (no data-dependent shapes): the same loss and
     gradients as the eager step, which computes only up to each row's last target token; with R-Drop too: its doubled
     batch and closed-form divergence compile, and give the eager values (without dropout the divergence is 0)."""
-    module = tiny_module(rdrop_alpha=rdrop_alpha).eval()  # no dropout, whose random stream differs under compilation
+    module = tiny_module(module=module_class).eval()  # no dropout, whose random stream differs under compilation
     batch = padded_batch()
 
     def loss_and_gradients() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         module.zero_grad()
-        loss = module.training_loss(batch).loss
+        loss = module.training_loss(batch)
         loss.backward()
         return loss.detach(), {name: p.grad.clone() for name, p in module.named_parameters()}
 
@@ -328,7 +331,7 @@ def test_learning_rate_of_each_update_is_the_schedules_formula(peak):
     """Update k (from 1) runs at the paper's d_model^-0.5 * min(k^-0.5, k * warmup^-1.5) (peak_lr None), or at
     peak_lr * min(k / warmup, sqrt(warmup / k)): the peak exactly at update `warmup`."""
     warmup = 10
-    module = tiny_module(warmup_steps=warmup, peak_lr=peak)
+    module = tiny_module(schedule=InverseSquareRoot(peak, warmup))
     optimization = module.configure_optimizers()
     optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
     learning_rates = {}
@@ -348,11 +351,11 @@ def test_learning_rate_of_each_update_is_the_schedules_formula(peak):
 
 
 def test_cooldown_decays_the_schedule_linearly_to_zero_at_max_steps():
-    """With cooldown_steps, the inverse square root holds until `cooldown_steps` before trainer.max_steps, then the
-    rate falls on a straight line whose next point, after the last update, is 0; a cool-down that would overlap the
-    warm-up is refused, naming both settings."""
+    """With the experimental cool-down, the inverse square root holds until `cooldown_steps` before trainer.max_steps,
+    then the rate falls on a straight line whose next point, after the last update, is 0; a cool-down that would
+    overlap the warm-up is refused, naming both settings."""
     warmup, cooldown, max_steps, peak = 10, 20, 50, 3e-3
-    module = tiny_module(warmup_steps=warmup, peak_lr=peak, cooldown_steps=cooldown)
+    module = tiny_module(schedule=InverseSquareRootWithCooldown(cooldown, peak, warmup))
     module.trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_checkpointing=False)
     optimization = module.configure_optimizers()
     optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
@@ -370,7 +373,7 @@ def test_cooldown_decays_the_schedule_linearly_to_zero_at_max_steps():
     assert decay[-1].item() == pytest.approx(-steps[0].item(), rel=1e-9)  # ...to 0 one update after the last
 
     module.trainer = pl.Trainer(max_steps=warmup + cooldown - 1, logger=False, enable_checkpointing=False)
-    with pytest.raises(ConfigError, match=r"model.cooldown_steps=20 needs trainer.max_steps \(29\) of at least"):
+    with pytest.raises(ConfigError, match=r"model.schedule.cooldown_steps=20 needs trainer.max_steps \(29\) of at"):
         module.configure_optimizers()
 
 

@@ -350,7 +350,9 @@ def test_translate_command_refuses_mistakes_in_one_line(checkpoint, tmp_path, ca
     (tmp_path / "marian" / "config.json").write_text('{"model_type": "marian"}')
     with pytest.raises(SystemExit):
         main(["translate", str(tmp_path / "marian"), str(tmp_path / "in.txt")])
-    assert "holds a marian model: pass a folder exported with --format hf-transformer" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "is an export of --format marian (the same model as a stock MarianMTModel" in err
+    assert "To translate here, pass a folder exported with --format hf-transformer or ctranslate2" in err
     with pytest.raises(SystemExit):
         main(["predict", "--config", "configs/demo.yaml"])
     assert "there is no predict command: `hf-transformer test`" in capsys.readouterr().err
@@ -381,8 +383,9 @@ def test_an_onnx_export_is_refused_saying_how_it_runs(checkpoint, tmp_path, caps
         main(["translate", str(folder), str(tmp_path / "in.txt")])
     err = capsys.readouterr().err
     assert err.startswith("hf-transformer translate: error:") and "Traceback" not in err
-    assert "holds ONNX programs (export --format onnx), which run on ONNX Runtime" in err
-    assert "ExportedModel.from_pretrained(folder) as docs/deploying.md shows" in err
+    assert "is an export of --format onnx (ONNX programs of the encoder" in err
+    assert "which this command does not run: they run on ONNX Runtime" in err
+    assert "ExportedModel.from_pretrained(folder), as docs/deploying.md shows" in err
     assert "is no model folder" not in err
 
 
@@ -539,6 +542,78 @@ def test_the_card_of_an_averaged_export_says_which_steps_its_weights_are_the_mea
     assert "| Checkpoint averaging | the exported weights are the mean of those at steps 90, 100 |" in averaged
     assert "| Training steps | 100 optimizer steps |" in averaged
     assert "Checkpoint averaging" not in (tmp_path / "single" / "README.md").read_text()
+
+
+def test_a_format_registered_in_one_line_gets_its_flags_push_its_card_and_a_refusal_where_it_cannot_run(
+    checkpoint, tmp_path, capsys, monkeypatch
+):
+    """Adding a format that carries a card is its writer and one registry entry: `export` takes the option it declares
+    as a flag of its type (refused for the other formats), `push` offers it, its card carries its tags and usage (and
+    the other formats' cards list it), and `translate` recognises a folder of it by its files and refuses it, saying
+    where it runs."""
+    from huggingface_hub import ModelCard
+
+    from hf_transformer.export import FORMATS, ExportFormat, ExportOption, card_formats, positive_int
+    from hf_transformer.hub.model_card import FormatCard
+    from lightning_modules.cli.export import _parser as export_parser
+    from lightning_modules.cli.push import _push_parser
+
+    levels = []
+
+    def write_toy(model, tokenizer, folder, toy_level):
+        levels.append(toy_level)
+        (folder / "toy.bin").write_text(f"{model.config.d_model} {toy_level}")
+
+    toy = ExportFormat(
+        "toy",
+        "the model in a toy format",
+        write_toy,
+        options=(ExportOption("toy_level", "how toy it is (default: 1)", positive_int, default=1),),
+        card=FormatCard(tags=("toy-format",), usage="import toy\n\nmodel = toy.load({{ model_id | tojson }})"),
+        files=("toy.bin",),
+        runs_elsewhere="it runs in the toy runtime",
+    )
+    monkeypatch.setitem(FORMATS, "toy", toy)
+
+    assert "toy" in card_formats() and "--toy-level TOY_LEVEL" in export_parser().format_help()
+    assert _push_parser().parse_args(["model.ckpt", "alice/toy", "--format", "toy"]).format == "toy"
+    (tmp_path / "scores.json").write_text('{"test/bleu": 12.5}')
+    folder = tmp_path / "toy"
+    main(
+        [
+            "export",
+            str(checkpoint),
+            str(folder),
+            "--format",
+            "toy",
+            "--toy-level",
+            "3",
+            "--results",
+            str(tmp_path / "scores.json"),
+        ]
+    )
+    assert levels == [3] and (folder / "toy.bin").read_text() == "32 3"
+    card = ModelCard.load(folder / "README.md")
+    assert "toy-format" in card.data.tags and "custom_code" not in card.data.tags
+    assert f'model = toy.load("{folder.resolve()}")' in card.text
+    assert card.data.eval_results[0].metric_value == 12.5
+    main(["export", str(checkpoint), str(tmp_path / "ours")])
+    assert "- **toy**: the model in a toy format." in (tmp_path / "ours" / "README.md").read_text()
+
+    capsys.readouterr()
+    for mistake, message in (
+        (["--format", "toy", "--toy-level", "0"], "argument --toy-level: must be at least 1, got 0"),
+        (["--format", "marian", "--toy-level", "2"], "--toy-level applies to --format toy only"),
+    ):
+        with pytest.raises(SystemExit):
+            main(["export", str(checkpoint), str(tmp_path / "other"), *mistake])
+        assert message in capsys.readouterr().err
+    (tmp_path / "in.txt").write_text("a dog\n")
+    with pytest.raises(SystemExit):
+        main(["translate", str(folder), str(tmp_path / "in.txt")])
+    err = capsys.readouterr().err
+    assert "is an export of --format toy (the model in a toy format), which this command does not run" in err
+    assert "it runs in the toy runtime" in err
 
 
 def test_translate_command_reads_exported_and_ctranslate2_folders(checkpoint, tmp_path, capsys):

@@ -25,7 +25,7 @@ from lightning_modules.cli import run
 from lightning_modules.cli.training import TranslationCLI
 from lightning_modules.loggers import AutoWandbLogger
 from lightning_modules.module import NUM_LOGGED_SAMPLES
-from lightning_modules.schedules import inverse_sqrt_lr_lambda
+from lightning_modules.schedules import InverseSquareRoot, inverse_sqrt_lr_lambda
 
 # --- the run file ------------------------------------------------------------------------------------------------
 
@@ -105,8 +105,7 @@ RUN_DATA = dict(
 )
 RUN_MODULE = dict(
     config=dict(max_position_embeddings=128),
-    peak_lr=PEAK_LR,
-    warmup_steps=WARMUP_STEPS,
+    schedule=InverseSquareRoot(PEAK_LR, WARMUP_STEPS),
     generation=dict(num_beams=2),
 )
 
@@ -158,8 +157,7 @@ def test_offline_run_file_holds_hyperparameters_and_metrics(offline_run):
     records, _ = offline_run
     config = config_of(records)
     assert config["config"]["d_model"] == 16  # the model settings over the preset, one value
-    assert config["peak_lr"] == PEAK_LR
-    assert config["warmup_steps"] == WARMUP_STEPS
+    assert config["schedule"]["init_args"] == {"peak_lr": PEAK_LR, "warmup_steps": WARMUP_STEPS}
     assert config["dataset"] == "synthetic"  # the data module's hyperparameters are merged in
     assert config["bpe_vocab_size"] == 60
 

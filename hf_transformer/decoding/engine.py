@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 
 # The most beams a command or a request may ask for: beam search costs memory and time in proportion.
 MAX_BEAMS = 16
-# What transformers' exporter writes beside the programs of `export --format onnx`: it names them and their inputs.
-ONNX_MANIFEST = "export.json"
 
 
 class TranslationEngine:
@@ -54,33 +52,38 @@ class TranslationEngine:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, device: str = "cpu") -> TranslationEngine:
-        """An exported folder or Hub repository of this package's model, or a folder written by `export --format
-        ctranslate2` (recognised by its model.bin). A folder of `export --format onnx` is refused, saying how to run
-        it."""
+        """A folder written by `hf-transformer export` or a Hub repository of this package's model, loaded by the
+        runtime of its format (`hf_transformer.export.FORMATS`: the format that recognises the folder by its files;
+        a Hub id is this package's model). A folder of a format without a runtime here (ONNX, Marian) is refused,
+        saying where it runs."""
+        from ..export import DEFAULT_FORMAT, FORMATS, folder_format, runtime_formats  # the registry imports decoding
+
         folder = Path(name_or_path)
-        if (folder / ONNX_MANIFEST).is_file():
-            # It has the model's config.json and tokenizer but no weights: loading would fail as if it were no model.
+        format = folder_format(folder)
+        if format is None:
+            config = folder / "config.json"
+            model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+            if model_type not in (None, TransformerConfig.model_type):
+                raise ModelNotFound(
+                    f"{folder} holds a {model_type} model: pass a folder exported with --format "
+                    f"{' or '.join(runtime_formats())} (or the checkpoint it came from)"
+                )
+            format = FORMATS[DEFAULT_FORMAT]
+        if format.runtime is None:
+            # It may have the model's config.json and tokenizer but no weights: loading would fail as if it were no
+            # model.
             raise ModelNotFound(
-                f"{folder} holds ONNX programs (export --format onnx), which run on ONNX Runtime, not in this command: "
-                "load them with transformers.exporters.ExportedModel.from_pretrained(folder) as docs/deploying.md "
-                "shows. To translate here, pass the checkpoint or the hf-transformer folder they were exported from"
+                f"{folder} is an export of --format {format.name} ({format.summary}), which this command does not "
+                f"run: {format.runs_elsewhere}. To translate here, pass a folder exported with --format "
+                f"{' or '.join(runtime_formats())}, or the checkpoint it came from"
             )
-        if (folder / "model.bin").is_file():
-            try:
-                from ..export.ctranslate2 import CTranslate2Translator
-            except ImportError as err:
-                raise MissingExtra(f"{folder} is a CTranslate2 model: {err}") from err
-            translator = CTranslate2Translator(folder, device=device)
-            return cls(translator.tokenizer, ctranslate2=translator, name=str(name_or_path))
-        config = folder / "config.json"
-        model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
-        if model_type not in (None, TransformerConfig.model_type):
-            raise ModelNotFound(
-                f"{folder} holds a {model_type} model: pass a folder exported with --format hf-transformer or "
-                "ctranslate2 (or the checkpoint it came from)"
-            )
-        if config.is_file():
-            check_tokenizer_files(folder)
+        return format.load(name_or_path, device=device)
+
+    @classmethod
+    def from_model(cls, name_or_path: str | Path, device: str = "cpu") -> TranslationEngine:
+        """The runtime of the "hf-transformer" format: this package's model from a folder or a Hub repository."""
+        if (Path(name_or_path) / "config.json").is_file():
+            check_tokenizer_files(name_or_path)
         try:
             model = TransformerForConditionalGeneration.from_pretrained(name_or_path)
             tokenizer = PreTrainedTokenizerFast.from_pretrained(name_or_path)
@@ -110,6 +113,15 @@ class TranslationEngine:
         names = [engine.name for engine in engines]
         ensemble = Ensemble([engine.model for engine in engines], average=average, names=names)
         return cls(first.tokenizer, model=ensemble, name=" + ".join(names))
+
+    def from_ctranslate2(cls, folder: str | Path, device: str = "cpu") -> TranslationEngine:
+        """The runtime of the "ctranslate2" format (the optional ctranslate2 package)."""
+        try:
+            from ..export.ctranslate2 import CTranslate2Translator
+        except ImportError as err:
+            raise MissingExtra(f"{folder} is a CTranslate2 model: {err}") from err
+        translator = CTranslate2Translator(folder, device=device)
+        return cls(translator.tokenizer, ctranslate2=translator, name=str(folder))
 
     def check_settings(
         self, num_beams: int | None = None, length_penalty: float | None = None, num_return_sequences: int = 1

@@ -1,40 +1,79 @@
-"""A trained model in other formats: one file per format, one line per format in `FORMATS`. `hf-transformer export`
-(its `--format` choices, help and options), `push` and the model card iterate the registry, so a new format is a new
-file and a new line here.
+"""A trained model in other formats: one file per format, one line per format in `FORMATS`. Each entry owns its facts:
+its options (with their types and help: `hf-transformer export` makes its flags from them), its model card (whether it
+carries one, its Hub tags and usage), and how a folder of it is recognised and loaded to translate. `hf-transformer
+export` and `push`, the model card and the `translate`/`serve` engine ask the registry, so a new format is a new file
+and a new line here.
 
 `export_model` writes a model and its tokenizer in a format; `export_folder` converts a folder written by `export`
 (its card, if it has one, rendered again for the new format). A folder is written whole or not at all
 (`folder.written_whole`) by the command that calls them."""
 
 import importlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import PreTrainedTokenizerFast
 
 from ..errors import ConfigError
-from ..hub.model_card import CARD_FORMATS, rewrite_model_card
-from ..model import TransformerForConditionalGeneration
-from .folder import check_model_folder, make_shareable
+from ..hub.model_card import FormatCard, rewrite_model_card
+from ..model import TransformerConfig, TransformerForConditionalGeneration
+from .folder import HF_TRANSFORMER_CARD, check_model_folder, make_shareable
+from .marian import MARIAN_CARD
+
+if TYPE_CHECKING:
+    from ..decoding.engine import TranslationEngine
+
+
+def positive_int(text: str) -> int:
+    """An option's type: a whole number of at least 1."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise ValueError(f"expected a whole number, got {text!r}") from None
+    if number < 1:
+        raise ValueError(f"must be at least 1, got {number}")
+    return number
+
+
+@dataclass(frozen=True)
+class ExportOption:
+    """An option of a format's writer, `name=value`; `hf-transformer export` takes it as `--name` (dashes for
+    underscores). `type` turns the command line's text into the value (a ValueError says what is wrong with it)."""
+
+    name: str
+    help: str
+    type: Callable[[str], Any] = str
+    default: Any = None
+    metavar: str | None = None
 
 
 @dataclass(frozen=True)
 class ExportFormat:
-    """One export format: `writer` ("module:function") writes `(model, tokenizer, folder, **options)`; its module is
-    imported only when used (CTranslate2 and ONNX are extras). `options` are the `export` options it takes."""
+    """One export format. `writer` writes `(model, tokenizer, folder, **options)`: a callable, or "module:function" of
+    a module of this package, imported only when used (CTranslate2 and ONNX are extras). `options` are the options it
+    takes; `card` what its model card says (None: the format carries no card, and `push` does not take it).
+
+    A folder of the format is recognised by its `files` (and, where several formats write a config.json, by its
+    `model_type`); `runtime` ("module:attribute", absolute) loads one to translate, `(name_or_path, device) ->
+    TranslationEngine`; a format without one says where it runs instead (`runs_elsewhere`)."""
 
     name: str
     summary: str
-    writer: str
-    options: tuple[str, ...] = ()
+    writer: str | Callable[..., Any]
+    options: tuple[ExportOption, ...] = ()
+    card: FormatCard | None = None
+    files: tuple[str, ...] = ()
+    model_type: str | None = None
+    runtime: str | None = None
+    runs_elsewhere: str = ""
 
     @property
     def has_card(self) -> bool:
-        """Whether the format is a model folder that the Hub shows with a model card (one the card knows how to
-        describe), which `push` uploads."""
-        return self.name in CARD_FORMATS
+        """Whether the format is a model folder that the Hub shows with a model card, which `push` uploads."""
+        return self.card is not None
 
     def write(
         self,
@@ -43,11 +82,30 @@ class ExportFormat:
         folder: Path,
         **options: Any,
     ) -> Path:
-        module, function = self.writer.split(":")
-        writer: Callable[..., Path] = getattr(importlib.import_module(f".{module}", __name__), function)
+        writer = self.writer
+        if isinstance(writer, str):
+            module, function = writer.split(":")
+            writer = getattr(importlib.import_module(f".{module}", __name__), function)
         writer(model, tokenizer, folder, **options)
         make_shareable(folder)
         return folder
+
+    def holds(self, folder: Path) -> bool:
+        """Whether `folder` is a folder of this format: it has the format's files, and config.json's model type is
+        the format's where it names one."""
+        if not self.files or not all((folder / name).is_file() for name in self.files):
+            return False
+        return self.model_type is None or _model_type(folder) == self.model_type
+
+    def load(self, name_or_path: str | Path, device: str = "cpu") -> "TranslationEngine":
+        """The engine that translates with the folder (or Hub repository) `name_or_path` of this format."""
+        if self.runtime is None:
+            raise ValueError(f"the {self.name} format has no runtime in hf-transformer: {self.runs_elsewhere}")
+        module, attribute = self.runtime.split(":")
+        load: Any = importlib.import_module(module)
+        for name in attribute.split("."):
+            load = getattr(load, name)
+        return load(name_or_path, device=device)
 
 
 FORMATS: dict[str, ExportFormat] = {
@@ -57,27 +115,83 @@ FORMATS: dict[str, ExportFormat] = {
             "hf-transformer",
             "this model with its code (loads with trust_remote_code=True)",
             "folder:save_model",
+            card=HF_TRANSFORMER_CARD,
+            files=("config.json", "model.safetensors"),
+            model_type=TransformerConfig.model_type,
+            runtime="hf_transformer.decoding.engine:TranslationEngine.from_model",
         ),
         ExportFormat(
             "marian",
             "the same model as a stock MarianMTModel, which loads without remote code (post-LN models only)",
             "marian:save_marian",
+            card=MARIAN_CARD,
+            files=("config.json",),
+            model_type="marian",
+            runs_elsewhere="it loads with transformers' MarianMTModel",
         ),
         ExportFormat(
             "ctranslate2",
             "a CTranslate2 model (post-LN models only; pip install 'hf-transformer[ctranslate2]')",
             "ctranslate2:to_ctranslate2",
-            options=("quantization",),
+            options=(
+                ExportOption(
+                    "quantization", "the stored weight type, e.g. int8 (default: float32)", metavar="QUANTIZATION"
+                ),
+            ),
+            files=("model.bin",),
+            runtime="hf_transformer.decoding.engine:TranslationEngine.from_ctranslate2",
         ),
         ExportFormat(
             "onnx",
             "ONNX programs of the encoder and the decoder's steps (pip install 'hf-transformer[onnx]')",
             "onnx:to_onnx",
-            options=("batch_size", "source_length", "max_length"),
+            options=(
+                # The shape the programs take, fixed by the static cache.
+                ExportOption(
+                    "batch_size", "sources per call, fixed in the programs (default: 1)", positive_int, default=1
+                ),
+                ExportOption(
+                    "source_length", "source tokens per row, padded (default: the model's positions)", positive_int
+                ),
+                ExportOption(
+                    "max_length",
+                    "output tokens, the start token included (default: the model's positions)",
+                    positive_int,
+                ),
+            ),
+            # What transformers' exporter writes beside the programs: it names them and their inputs.
+            files=("export.json",),
+            runs_elsewhere="they run on ONNX Runtime (load them with "
+            "transformers.exporters.ExportedModel.from_pretrained(folder), as docs/deploying.md shows)",
         ),
     )
 }
 DEFAULT_FORMAT = "hf-transformer"
+
+
+def card_formats() -> list[str]:
+    """The formats that carry a model card, which `push` uploads."""
+    return [name for name, format in FORMATS.items() if format.has_card]
+
+
+def runtime_formats() -> list[str]:
+    """The formats whose folders `translate`, `attention` and `serve` load."""
+    return [name for name, format in FORMATS.items() if format.runtime]
+
+
+def folder_format(folder: str | Path) -> ExportFormat | None:
+    """The registered format of the model folder `folder`, or None (no such folder, a Hub id, another model)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    return next((format for format in FORMATS.values() if format.holds(folder)), None)
+
+
+def _model_type(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _checked_format(format: str, options: dict[str, Any]) -> ExportFormat:
@@ -86,10 +200,11 @@ def _checked_format(format: str, options: dict[str, Any]) -> ExportFormat:
     if format not in FORMATS:
         raise ConfigError(f"Unknown export format {format!r}: the formats are {', '.join(FORMATS)}.")
     chosen = FORMATS[format]
-    unknown = sorted(set(options) - set(chosen.options))
+    takes = [option.name for option in chosen.options]
+    unknown = sorted(set(options) - set(takes))
     if unknown:
-        takes = f"takes only {', '.join(chosen.options)}" if chosen.options else "takes no options"
-        raise ConfigError(f"The {format} export does not take {', '.join(unknown)}: it {takes}. Leave them out.")
+        accepted = f"takes only {', '.join(takes)}" if takes else "takes no options"
+        raise ConfigError(f"The {format} export does not take {', '.join(unknown)}: it {accepted}. Leave them out.")
     return chosen
 
 
@@ -128,4 +243,14 @@ def export_folder(
     return folder
 
 
-__all__ = ["CARD_FORMATS", "DEFAULT_FORMAT", "FORMATS", "ExportFormat", "export_folder", "export_model"]
+__all__ = [
+    "DEFAULT_FORMAT",
+    "FORMATS",
+    "ExportFormat",
+    "ExportOption",
+    "card_formats",
+    "export_folder",
+    "export_model",
+    "folder_format",
+    "runtime_formats",
+]

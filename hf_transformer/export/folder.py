@@ -12,11 +12,39 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import PreTrainedTokenizerFast
 
 from ..errors import ConfigError, DataError, UserError
+from ..hub.model_card import FormatCard
 from ..model import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline
 
 # What `PreTrainedTokenizerFast.from_pretrained` reads: the tokenizer itself, and its class and special tokens (without
 # tokenizer_config.json it loads with no <pad> or </s>).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+# What the model card of an "hf-transformer" folder says of its format (`ExportFormat.card`).
+HF_TRANSFORMER_CARD = FormatCard(
+    # The Hub shows that loading runs the repository's code.
+    tags=("custom_code",),
+    requirement_note="; older releases stop with a message saying so",
+    usage="""\
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+
+model_id = {{ model_id | tojson }}
+# The model's code (modeling_transformer.py and friends) comes with the weights: trust_remote_code runs it.
+tokenizer = AutoTokenizer.from_pretrained(model_id, trust_remote_code=True)
+model = AutoModelForSeq2SeqLM.from_pretrained(model_id, trust_remote_code=True)
+
+inputs = tokenizer([{{ example | tojson }}], return_tensors="pt", padding=True)
+output_ids = model.generate(**inputs)  # the decoding settings come from generation_config.json
+print(tokenizer.batch_decode(output_ids, skip_special_tokens=True))
+
+translator = pipeline("translation", model=model_id, trust_remote_code=True)
+print(translator([{{ example | tojson }}]))""",
+    after_usage="With the `hf_transformer` package installed, `import hf_transformer` registers the model with the "
+    "Auto classes: `AutoModelForSeq2SeqLM.from_pretrained(model_id)` then needs no `trust_remote_code`, and "
+    '`pipeline("translation", model=model_id, pipeline_class=hf_transformer.TranslationPipeline)` neither. To '
+    "fine-tune it with hf-transformer: `hf-transformer fit --config ... --model.init_from {{ model_id }} "
+    "--data.tokenizer {{ model_id }}`.",
+)
 
 
 def save_model(

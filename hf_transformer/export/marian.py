@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from transformers import MarianConfig, MarianMTModel, PretrainedConfig, PreTrainedTokenizerFast
 
+from ..hub.model_card import FormatCard
 from ..model import TransformerConfig, TransformerForConditionalGeneration
 from ..model.configuration_transformer import SHAPE_FIELDS
 
@@ -74,6 +75,24 @@ _ALLOWED_FIELDS = {
 _ALTERNATIVE = (
     "Export it without --format marian and load it with trust_remote_code=True (or with this package installed) "
     "instead."
+)
+# What the model card of a "marian" folder says of its format (`ExportFormat.card`).
+MARIAN_CARD = FormatCard(
+    tags=("marian",),
+    about="This folder holds it as a stock `MarianMTModel`: the same post-LN architecture with its model dimension "
+    "permuted to Marian's layout of the sinusoids, so that it computes the same logits and decodes the same tokens "
+    "without remote code.",
+    usage="""\
+from transformers import AutoTokenizer, MarianMTModel
+
+model_id = {{ model_id | tojson }}
+# A stock Marian model: no remote code runs.
+tokenizer = AutoTokenizer.from_pretrained(model_id)
+model = MarianMTModel.from_pretrained(model_id)
+
+inputs = tokenizer([{{ example | tojson }}], return_tensors="pt", padding=True)
+output_ids = model.generate(**inputs)  # the decoding settings come from generation_config.json
+print(tokenizer.batch_decode(output_ids, skip_special_tokens=True))""",
 )
 
 

@@ -2,38 +2,44 @@
 
 A checkpoint of `TranslationModule` carries the module's arguments (`hyper_parameters`), the data module's
 (`datamodule_hyper_parameters`: dataset, language pair, batch size), the model config (`hf_config`), the decoding
-settings (`generation_config`) and the step count. Evaluation scores, the W&B run link and the compute used are not in
-it: the caller passes them (the push callback takes them from the trainer, `hf-transformer push` from `--results`).
+settings (`generation_config`), the step count, and how the module trains in words (`TRAINING_DESCRIPTION`: its
+schedule's own description, and a row of each variant's), which the card shows as the module wrote it. Evaluation
+scores, the W&B run link and the compute used are not in it: the caller passes them (the push callback takes them from
+the trainer, `hf-transformer push` from `--results`).
 The card is rendered from `model_card_template.md`, a Jinja template, by `huggingface_hub.ModelCard.from_template`.
 
-Each score is labelled with the sacreBLEU signature of what computed it: validation scores (`val/*`) are torchmetrics'
-during training, test scores (`test/*`) those of `hf_transformer.scoring`, which `hf-transformer test` logs.
+Each score is labelled with the sacreBLEU signature of what computed it, as `hf_transformer.scoring` defines it:
+validation scores (`val/*`) are torchmetrics' during training (`VALIDATION_SCORES`), test scores (`test/*`) those of
+`sacrebleu_scores`, which `hf-transformer test` logs.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import torch
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
-from sacrebleu.metrics import BLEU, CHRF
 
 from ..decoding.translate import MAX_LENGTH_OFFSET
 from ..model import TransformerForConditionalGeneration
 from ..model.configuration_transformer import MIN_TRANSFORMERS_VERSION, TransformerConfig
-from ..scoring import LOGGED_SCORES, sacrebleu_signatures
+from ..scoring import LOGGED_SCORES, VALIDATION_BLEU, VALIDATION_CHRF, VALIDATION_SCORES, sacrebleu_signatures
 
 CARD_NAME = "README.md"
 DEFAULT_LICENSE = "apache-2.0"
 SYNTHETIC_DATASET = "synthetic"
 # The facts a card is rendered from, saved beside it so that `rewrite_model_card` renders it for a repo or format.
 CARD_FACTS = "hf_transformer_card.json"
-CARD_FORMATS = ("hf-transformer", "marian")
+# The checkpoint key of the training module's rows about how it trains ([label, text] pairs): its schedule's own
+# description and a row of each variant's (`TranslationModule.describe_training`).
+TRAINING_DESCRIPTION = "training_description"
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
 # What the card reads from a checkpoint (small values only: no weights). `averaged_steps`: the steps whose weights an
 # averaged checkpoint (`lightning_modules.checkpoint.average_checkpoints`) is the mean of.
@@ -44,6 +50,7 @@ _CHECKPOINT_KEYS = (
     "generation_config",
     "global_step",
     "averaged_steps",
+    TRAINING_DESCRIPTION,
 )
 # Table rows of the evaluation section: metric key suffix -> column title.
 _SCORES = {"bleu": "BLEU", "chrf": "chrF", "loss": "Loss (nats/token)", "perplexity": "Perplexity"}
@@ -76,8 +83,9 @@ def write_model_card(
     license: str = DEFAULT_LICENSE,
     example: str | None = None,
 ) -> Path:
-    """Write `folder/README.md` for the model exported from `checkpoint` in `format` ("hf-transformer" or "marian")
-    and return its path; the facts it is rendered from go to `folder/hf_transformer_card.json`, from which
+    """Write `folder/README.md` for the model exported from `checkpoint` in `format` (one of
+    `hf_transformer.export.FORMATS` that carries a card, whose `FormatCard` gives its tags and usage) and return its
+    path; the facts it is rendered from go to `folder/hf_transformer_card.json`, from which
     `rewrite_model_card` renders it again for another repo or format.
 
     `repo_id` is the Hub repo the card's usage snippet loads (default: the folder's absolute path, so the snippet runs
@@ -134,17 +142,31 @@ def rewrite_model_card(
 
 
 def _render(folder: Path, facts: dict[str, Any], format: str, repo_id: str | None) -> Path:
-    if format not in CARD_FORMATS:
-        raise ValueError(f"Unknown model format {format!r}: the card knows {', '.join(CARD_FORMATS)}.")
+    # The registry of export formats says what each format's card holds; it imports this module, so it is imported
+    # here.
+    from ..export import FORMATS, card_formats
+
+    if format not in card_formats():
+        raise ValueError(f"Unknown model format {format!r}: the card knows {', '.join(card_formats())}.")
+    format_card = FORMATS[format].card
     language_pair = facts["language_pair"]
     run = _RunFacts(facts["checkpoint"], facts["dataset"], tuple(language_pair) if language_pair else None)
     results = facts["results"]
     model_id = repo_id or str(folder.resolve())
     name = _model_name(model_id)
+    requirement = f"transformers>={MIN_TRANSFORMERS_VERSION},<6"
+    example = facts["example"] or _EXAMPLES.get(run.source_lang, _EXAMPLES["en"])
+    snippets = {
+        part: jinja2.Template(getattr(format_card, part)).render(
+            model_id=model_id, example=example, requirement=requirement
+        )
+        for part in ("usage", "about", "requirement_note", "after_usage")
+    }
     card = ModelCard.from_template(
-        _metadata(run, name, results, facts["license"], format),
+        _metadata(run, name, results, facts["license"], format_card.tags),
         template_path=str(TEMPLATE),
-        format=format,
+        **snippets,
+        other_formats=[(other.name, other.summary) for other in FORMATS.values() if other.name != format],
         name=name,
         source_lang=run.source_lang,
         target_lang=run.target_lang,
@@ -153,9 +175,7 @@ def _render(folder: Path, facts: dict[str, Any], format: str, repo_id: str | Non
         training=_training(run, facts["compute"]),
         wandb_url=facts["wandb_url"],
         evaluation=_evaluation(run, results),
-        requirement=f"transformers>={MIN_TRANSFORMERS_VERSION},<6",
-        model_id=model_id,
-        example=facts["example"] or _EXAMPLES.get(run.source_lang, _EXAMPLES["en"]),
+        requirement=requirement,
     )
     path = folder / CARD_NAME
     card.save(path)
@@ -163,31 +183,37 @@ def _render(folder: Path, facts: dict[str, Any], format: str, repo_id: str | Non
 
 
 def bleu_signature() -> str:
-    """The sacreBLEU signature of the validation BLEU that `TranslationModule` logs (`val/bleu`): torchmetrics'
-    `SacreBLEUScore` with 13a tokenization, one reference and no smoothing (it scores 0 when an n-gram order has no
-    match, as sacreBLEU's `smooth_method="none"` does). The test BLEU is sacreBLEU's own: `signatures("test")`."""
-    metric = BLEU(tokenize="13a", smooth_method="none")
-    metric.num_refs = 1  # sacreBLEU only knows it after scoring; the module scores against one reference
-    return metric.get_signature().format()
+    """The sacreBLEU signature of the validation BLEU that `TranslationModule` logs (`val/bleu`), as the metric gives
+    it (`hf_transformer.scoring.VALIDATION_BLEU`). The test BLEU is sacreBLEU's own: `signatures("test")`."""
+    return VALIDATION_BLEU.signature()
 
 
 def chrf_signature() -> str:
-    """The sacreBLEU signature of the validation chrF that `TranslationModule` logs (`val/chrf`): torchmetrics'
-    `CHRFScore(n_word_order=0)`, character 6-grams, beta 2, whitespace ignored."""
-    metric = CHRF(word_order=0)
-    metric.num_refs = 1
-    return metric.get_signature().format()
+    """The sacreBLEU signature of the validation chrF that `TranslationModule` logs (`val/chrf`)."""
+    return VALIDATION_CHRF.signature()
 
 
 def signatures(stage: str) -> dict[str, str]:
     """The sacreBLEU signature of each signed score ("bleu", "chrf") that `stage` ("val" or "test") logs: the test
     scores are `hf_transformer.scoring`'s, whose own labels these are."""
     if stage == "val":
-        return {"bleu": bleu_signature(), "chrf": chrf_signature()}
+        return {name: metric.signature() for name, metric in VALIDATION_SCORES.items()}
     if stage == "test":
         scoring = sacrebleu_signatures()
         return {name: scoring[score] for name, score in LOGGED_SCORES.items()}
     raise ValueError(f"Unknown stage {stage!r}: scores are logged for {', '.join(_STAGES)}.")
+
+
+@dataclass(frozen=True)
+class FormatCard:
+    """What the model card says of an export format that carries one (`ExportFormat.card`): its Hub tags and its
+    paragraphs, each a Jinja snippet rendered with the card's values (`model_id`, `example`, `requirement`)."""
+
+    tags: tuple[str, ...]  # the Hub tags of a folder of this format, beside the card's own
+    usage: str  # the Python code of the Usage section
+    about: str = ""  # a paragraph after the introduction: what a folder of this format holds
+    requirement_note: str = ""  # words after "Needs torch and transformers..." (without a full stop)
+    after_usage: str = ""  # a paragraph after the code
 
 
 # --- what the checkpoint says about the run -------------------------------------------------------------------
@@ -204,6 +230,9 @@ class _RunFacts:
         self.generation: dict[str, Any] = dict(checkpoint.get("generation_config") or {})
         self.global_step: int | None = checkpoint.get("global_step")
         self.averaged_steps: list[int] = list(checkpoint.get("averaged_steps") or [])
+        self.training_description: list[tuple[str, str]] = [
+            (label, text) for label, text in checkpoint.get(TRAINING_DESCRIPTION) or []
+        ]
         self.dataset: str | None = dataset or self.data.get("dataset")
         self.dataset_config: str | None = self.data.get("dataset_config")
         source, target = language_pair or (self.data.get("source_lang"), self.data.get("target_lang"))
@@ -258,16 +287,16 @@ def _language_code(lang: str) -> str | None:
 # --- metadata ----------------------------------------------------------------------------------------------------
 
 
-def _metadata(run: _RunFacts, name: str, results: dict[str, float], license: str, format: str) -> ModelCardData:
+def _metadata(
+    run: _RunFacts, name: str, results: dict[str, float], license: str, format_tags: tuple[str, ...]
+) -> ModelCardData:
     languages = [code for code in map(_language_code, (run.source_lang, run.target_lang)) if code]
-    # custom_code: the Hub shows that loading runs the repo's code; a Marian export runs none.
-    own_tags = ["custom_code"] if format == "hf-transformer" else ["marian"]
     return ModelCardData(
         language=languages or None,
         license=license,
         library_name="transformers",
         pipeline_tag="translation",
-        tags=["translation", "transformer", "encoder-decoder", "vaswani-transformer", "hf-transformer", *own_tags],
+        tags=["translation", "transformer", "encoder-decoder", "vaswani-transformer", "hf-transformer", *format_tags],
         datasets=[run.hub_dataset] if run.hub_dataset else None,
         base_model=run.base_model,
         metrics=["bleu", "chrf"],
@@ -340,7 +369,7 @@ def _training(run: _RunFacts, compute: str | None) -> list[tuple[str, Any]]:
     if hp:
         betas, eps, decay = tuple(hp.get("betas", ())), hp.get("eps"), hp.get("weight_decay")
         rows.append(("Optimizer", f"AdamW, betas {betas}, eps {eps}, weight decay {decay}"))
-        rows.append(("Learning-rate schedule", _schedule(hp)))
+    rows += run.training_description or _recorded_settings(hp)
     rows.append(("Label smoothing", run.config.label_smoothing))
     if data.get("max_tokens"):
         budget = data["max_tokens"]
@@ -362,11 +391,12 @@ def _training(run: _RunFacts, compute: str | None) -> list[tuple[str, Any]]:
     return rows
 
 
-def _schedule(hp: dict[str, Any]) -> str:
-    warmup = hp.get("warmup_steps")
-    if hp.get("peak_lr") is None:
-        return f"the paper's (section 5.3): d_model^-0.5 x min(step^-0.5, step x warmup^-1.5), {warmup} warm-up steps"
-    return f"inverse square root: peak {hp.get('peak_lr')} after {warmup} linear warm-up steps"
+def _recorded_settings(hp: dict[str, Any]) -> list[tuple[str, str]]:
+    """The training settings of a checkpoint that holds no description of them (written before the module described
+    itself; `lightning_modules` describes those of 0.3 and 0.4 when it exports them): as recorded, by name."""
+    shown = {"preset", "config", "init_from", "betas", "eps", "weight_decay", "generation", "compile"}
+    recorded = [f"{name} {value}" for name, value in hp.items() if name not in shown and not name.startswith("_")]
+    return [("Training settings (as recorded)", ", ".join(recorded))] if recorded else []
 
 
 def _decoding(run: _RunFacts) -> str:

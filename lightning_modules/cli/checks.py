@@ -2,6 +2,7 @@
 wrong thing (evaluate a freshly initialised model, train from step 0 when asked to resume). Each raises a `UserError`
 that names the file or option and the fix."""
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,21 @@ MOVED_CLASSES = {
     "lightning_modules.hub_callback.PushToHubCallback": "lightning_modules.callbacks.PushToHubCallback",
     "lightning_modules.callbacks.AutoWandbLogger": "lightning_modules.loggers.AutoWandbLogger",
     "hf_transformer.modeling_transformer.": "hf_transformer.model.modeling_transformer.",
+}
+# Options of 0.3 and 0.4 that are objects now, chosen by class path (docs/upgrading.md), and what replaces each. A
+# checkpoint that holds them resumes (`lightning_modules.upgrade`); a config or command line that sets them is refused.
+_COOLDOWN = "lightning_modules.experimental.InverseSquareRootWithCooldown"
+REPLACED_OPTIONS = {
+    "model.peak_lr": "the schedule is an object: set model.schedule.peak_lr (lightning_modules.schedules."
+    "InverseSquareRoot, the default schedule)",
+    "model.warmup_steps": "the schedule is an object: set model.schedule.warmup_steps (lightning_modules.schedules."
+    "InverseSquareRoot, the default schedule)",
+    "model.cooldown_steps": f"a cool-down is the schedule {_COOLDOWN}: set model.schedule.class_path to it and "
+    "model.schedule.init_args.cooldown_steps",
+    "model.rdrop_alpha": "R-Drop is the module lightning_modules.experimental.RDropTranslationModule: set "
+    "model.class_path to it and model.init_args.alpha",
+    "data.bpe_dropout": "BPE-dropout is the data module lightning_modules.experimental.BPEDropoutDataModule: set "
+    "data.class_path to it and data.init_args.bpe_dropout",
 }
 
 
@@ -51,6 +67,20 @@ def check_config_files(args: list[str]) -> None:
                     raise ConfigError(
                         f"{path}, line {number}: {old} is {new} since hf-transformer 0.4; write that class path there"
                     )
+        for option, line in _options(yaml.compose(text)):
+            if option in REPLACED_OPTIONS:
+                raise ConfigError(f"{path}, line {line}: {option} is gone: {REPLACED_OPTIONS[option]}")
+
+
+def _options(document: yaml.Node | None) -> Iterator[tuple[str, int]]:
+    """The `section.key` options that a config document sets, with their lines, in the sections that name no class
+    path (those of earlier versions: a section that names one holds this version's `init_args`)."""
+    if not isinstance(document, yaml.MappingNode):
+        return
+    for section, body in document.value:
+        if not isinstance(body, yaml.MappingNode) or any(key.value == "class_path" for key, _ in body.value):
+            continue
+        yield from ((f"{section.value}.{key.value}", key.start_mark.line + 1) for key, _ in body.value)
 
 
 def _at(mark: yaml.Mark | None) -> str:

@@ -1,11 +1,14 @@
-"""`hf-transformer export SOURCE FOLDER`: a Hugging Face folder (or a Marian or CTranslate2 model) from a training
-checkpoint, several averaged, or an exported folder."""
+"""`hf-transformer export SOURCE FOLDER`: a model folder in any registered format (`hf_transformer.export.FORMATS`:
+its `--format` choices and each format's flags come from the registry) from a training checkpoint, several averaged,
+or an exported folder."""
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hf_transformer.errors import UserError
-from hf_transformer.export import DEFAULT_FORMAT, FORMATS, export_folder
+from hf_transformer.export import DEFAULT_FORMAT, FORMATS, ExportOption, card_formats, export_folder
 from hf_transformer.export.folder import written_whole
 
 from ..export import checkpoint_to_export, export_checkpoint, read_results
@@ -17,11 +20,12 @@ def main(argv: list[str]) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
     format = FORMATS[args.format]
-    for name in sorted({name for other in FORMATS.values() for name in other.options} - set(format.options)):
+    takes = _names(format.options)
+    for name in sorted(set().union(*(_names(other.options) for other in FORMATS.values())) - takes):
         if getattr(args, name) != parser.get_default(name):
-            takers = " or ".join(other.name for other in FORMATS.values() if name in other.options)
+            takers = " or ".join(other.name for other in FORMATS.values() if name in _names(other.options))
             parser.error(f"--{name.replace('_', '-')} applies to --format {takers} only")
-    options = {name: getattr(args, name) for name in format.options}
+    options = {name: getattr(args, name) for name in takes}
     target = Path(args.folder)
     check_output_folder(target, args.overwrite)
     source = Path(args.checkpoint)
@@ -69,28 +73,45 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--results",
         metavar="JSON",
-        help="scores for the model card's model-index (hf-transformer and marian): the test_scores.json that "
+        help=f"scores for the model card's model-index ({', '.join(card_formats())}): the test_scores.json that "
         "`hf-transformer test` writes",
     )
-    parser.add_argument(
-        "--quantization", help="with --format ctranslate2: the stored weight type, e.g. int8 (default: float32)"
-    )
-    onnx = parser.add_argument_group("with --format onnx: the shape the programs take (fixed by the static cache)")
-    onnx.add_argument("--batch-size", type=positive_int, default=1, help="sources per call (default: 1)")
-    onnx.add_argument(
-        "--source-length", type=positive_int, help="source tokens per row, padded (default: the model's positions)"
-    )
-    onnx.add_argument(
-        "--max-length",
-        type=positive_int,
-        help="output tokens, the start token included (default: the model's positions)",
-    )
+    added: set[str] = set()
+    for format in FORMATS.values():  # each format's options, as it declares them
+        group = parser.add_argument_group(f"with --format {format.name}") if format.options else None
+        for option in format.options:
+            if option.name not in added:  # an option that two formats take is one flag
+                added.add(option.name)
+                group.add_argument(
+                    f"--{option.name.replace('_', '-')}",
+                    type=_argument_type(option),
+                    default=option.default,
+                    metavar=option.metavar or option.name.upper(),
+                    help=option.help,
+                )
     parser.add_argument(
         "--overwrite",
         action="store_true",
         help="write into a folder that is not empty (files of the same names are replaced)",
     )
     return parser
+
+
+def _names(options: tuple[ExportOption, ...]) -> set[str]:
+    return {option.name for option in options}
+
+
+def _argument_type(option: ExportOption) -> Callable[[str], Any]:
+    """`option.type` for argparse, whose message for a ValueError names the function rather than the problem."""
+
+    def parse(text: str) -> Any:
+        try:
+            return option.type(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    parse.__name__ = option.type.__name__
+    return parse
 
 
 def check_output_folder(folder: Path, overwrite: bool) -> None:

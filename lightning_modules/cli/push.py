@@ -4,7 +4,6 @@ folder, to the Hugging Face Hub."""
 from __future__ import annotations
 
 import argparse
-import json
 import pickle
 import shutil
 import tempfile
@@ -14,9 +13,9 @@ from typing import Any
 from huggingface_hub import CommitInfo
 
 from hf_transformer.errors import HubError
-from hf_transformer.export import DEFAULT_FORMAT, export_folder
+from hf_transformer.export import DEFAULT_FORMAT, FORMATS, card_formats, export_folder, folder_format
 from hf_transformer.export.folder import link_or_copy
-from hf_transformer.hub.model_card import CARD_FORMATS, CARD_NAME, rewrite_model_card
+from hf_transformer.hub.model_card import CARD_NAME, rewrite_model_card
 from hf_transformer.hub.push import check_export_folder, check_repo_id, find_token, push_folder
 
 from ..export import checkpoint_to_export, export_checkpoint, read_results
@@ -33,15 +32,16 @@ def push_source(
     create_pr: bool = False,
     results: dict[str, float] | None = None,
     wandb_url: str | None = None,
-    format: str = "hf-transformer",
+    format: str = DEFAULT_FORMAT,
     average: int | None = None,
 ) -> CommitInfo:
     """Push a training checkpoint (exported with its model card into a temporary folder first), the average of the
     last `average` checkpoints of a checkpoint folder, or a folder written by `hf-transformer export` (pushed through a
     temporary view whose card names `repo_id`; the folder is only read).
 
-    `format` "marian" pushes the model as a stock `MarianMTModel` (converted from a checkpoint or an hf-transformer
-    folder; a Marian folder is pushed as it is). `results` (logged metric name -> value, e.g. `test_scores.json` of
+    `format` is one of the formats that carry a model card (`hf_transformer.export.card_formats()`): "marian" pushes
+    the model as a stock `MarianMTModel` (converted from a checkpoint or an hf-transformer folder; a folder of that
+    format is pushed as it is). `results` (logged metric name -> value, e.g. `test_scores.json` of
     `hf-transformer test`) and `wandb_url` go into the model card. Every failure is a `HubError`.
     """
     source = Path(source)
@@ -52,8 +52,8 @@ def push_source(
             f"Cannot push {source}: no such file or folder. Pass a .ckpt file written by training or a folder written "
             "by `hf-transformer export`."
         )
-    if format not in CARD_FORMATS:
-        raise HubError(f"Unknown format {format!r}: push one of {', '.join(CARD_FORMATS)}.")
+    if format not in card_formats():
+        raise HubError(f"Unknown format {format!r}: push one of {', '.join(card_formats())}.")
     exported_folder = source.is_dir() and not average
     with tempfile.TemporaryDirectory(prefix="hf-transformer-push-") as tmp:
         staged = Path(tmp) / (source.name if source.is_dir() else source.stem)
@@ -126,10 +126,9 @@ def _push_parser() -> argparse.ArgumentParser:
     parser.add_argument("--wandb-url", help="link of the training run's W&B page, for the model card")
     parser.add_argument(
         "--format",
-        choices=CARD_FORMATS,
-        default="hf-transformer",
-        help="hf-transformer: the model with its code (loads with trust_remote_code=True); marian: a stock "
-        "MarianMTModel, which loads without remote code (post-LN models only)",
+        choices=card_formats(),
+        default=DEFAULT_FORMAT,
+        help="; ".join(f"{name}: {FORMATS[name].summary}" for name in card_formats()),
     )
     return parser
 
@@ -145,18 +144,14 @@ def _stage_export_folder(source: Path, staged: Path, format: str, **card_info: A
     """The folder to push for an exported `source`: a view of it, or its Marian conversion, with the card (if it has
     one) rendered for `card_info` (`repo_id`, `results`, `wandb_url`)."""
     check_export_folder(source, tokenizer=True)
-    source_format = "marian" if _model_type(source) == "marian" else DEFAULT_FORMAT
-    if format == "marian" and source_format == DEFAULT_FORMAT:
+    source_format = (folder_format(source) or FORMATS[DEFAULT_FORMAT]).name
+    if format != source_format and source_format == DEFAULT_FORMAT:  # converted from this package's model
         export_folder(source, staged, format, **card_info)
         return
     if format != source_format:
-        raise HubError(f"{source} holds a stock Marian model: push it with --format marian.")
+        raise HubError(f"{source} is an export of --format {source_format}: push it with --format {source_format}.")
     _stage_folder(source, staged)
     rewrite_model_card(source, staged, format=format, **card_info)
-
-
-def _model_type(folder: Path) -> str | None:
-    return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
 
 
 def _stage_folder(folder: Path, staged: Path) -> None:

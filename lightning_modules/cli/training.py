@@ -3,6 +3,7 @@
 import dataclasses
 import difflib
 import importlib
+import inspect
 import json
 import logging
 import re
@@ -24,14 +25,10 @@ from ..callbacks import LineProgress, ResumableCheckpoint
 from ..callbacks.resume import InterruptibleTrainer
 from ..checkpoint import read_checkpoint
 from ..data import TranslationDataModule
-from ..module import (
-    TranslationModule,
-    check_cooldown,
-    check_module_arguments,
-    check_resumable,
-    model_config,
-)
-from .checks import check_config_files, check_devices, check_last_checkpoint, check_model_source
+from ..module import TranslationModule, model_config
+from ..schedules import PAPER_SCHEDULE, Schedule
+from ..upgrade import check_resumable, class_path, upgraded_module_arguments
+from .checks import REPLACED_OPTIONS, check_config_files, check_devices, check_last_checkpoint, check_model_source
 
 
 def _is_not_an_advertisement(record: logging.LogRecord) -> bool:
@@ -55,6 +52,12 @@ class TranslationArgumentParser(LightningArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    def parse_object(self, cfg_obj: Any, *args: Any, **kwargs: Any) -> Namespace:
+        """jsonargparse's `parse_object`, with the training module arguments of 0.3 and 0.4 in this version's layout
+        (`upgrade.py`): LightningCLI parses a --ckpt_path file's module arguments with it, so that an old checkpoint
+        resumes with its schedule and R-Drop."""
+        return super().parse_object(upgraded_config(cfg_obj), *args, **kwargs)
+
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # a tentative parse inside jsonargparse, which catches the error
             super().error(message, ex)
@@ -64,31 +67,74 @@ class TranslationArgumentParser(LightningArgumentParser):
         if cause is not None:
             raise cause  # its own message names the problem and the fix
         parser = getattr(ex, "subcommand_parser", None) or self
-        valid_keys = list(parser.get_defaults().keys())
-        # model.config is one dict-valued option: offer its fields too (--model.d_model -> --model.config.d_model).
+        message = one_line(message)
+        defaults = parser.get_defaults()  # a jsonargparse Namespace: its keys are the options, dotted
+        valid_keys = [key.replace(".init_args.", ".") for key in defaults.keys()]  # noqa: SIM118
+        # model.config is one dict-valued option: offer its fields too (--model.d_model -> --model.config.d_model),
+        # and so are the default schedule's arguments.
         valid_keys += [f"model.config.{field.name}" for field in dataclasses.fields(TransformerConfig)]
+        valid_keys += [f"model.schedule.{name}" for name in inspect.signature(type(PAPER_SCHEDULE)).parameters]
         hints = []
         for key in re.findall(r"(?:--|')([A-Za-z_][\w.]*)", message):
+            key = key.replace(".init_args.", ".")
+            if key in REPLACED_OPTIONS:  # an option of an earlier version: one line naming what replaces it
+                raise ConfigError(f"--{key} is gone: {REPLACED_OPTIONS[key]}")
             if key not in valid_keys:
                 hints += [f"--{match}" for match in difflib.get_close_matches(key, valid_keys, n=1, cutoff=0.6)]
         hint = f" (did you mean {', '.join(dict.fromkeys(hints))}?)" if hints else ""
-        raise ConfigError(f"{message}{hint}. `{parser.prog.replace(' [options]', '')} --help` lists the options.")
+        command = parser.prog.replace(" [options]", "")
+        raise ConfigError(
+            f"{message}{hint}. `{command} --help` lists the options (`{command} --model.help TranslationModule` the "
+            "model's)."
+        )
 
 
-def model_positions(preset: str, config: dict[str, Any] | None, init_from: str | None) -> int:
-    """The number of positions of the model that `TranslationModule` builds from these settings."""
-    return model_config(preset, config, init_from).max_position_embeddings
+def one_line(message: str) -> str:
+    """jsonargparse's report of a mistake in the arguments of a class chosen by class path (the model, its schedule),
+    which spans lines with the problem innermost, as one line that names the option: "--model.d_model=64: no such
+    option"."""
+    section = re.match(r'Parser key "([\w.]+)":\n', message)
+    given = re.search(r"NestedArg\(key='([\w.]+)', val='?(.*?)'?\)\s*$", message)
+    if section is None or given is None:
+        return message
+    boilerplate = ("Parser key", "Does not validate", "Subtypes:", "Errors:", "Given value", "Problem with given")
+    lines = [line.strip().removeprefix("- ") for line in message.splitlines()[1:]]
+    problems = [line for line in lines if line and not line.startswith(boilerplate) and "NoneType" not in line]
+    problem = re.sub(r"^Option '[\w.]+' is not accepted", "no such option", problems[0] if problems else lines[-1])
+    return f"--{section.group(1)}.{given.group(1)}={given.group(2)}: {problem}"
+
+
+def upgraded_config(cfg_obj: Any) -> Any:
+    """A config object (a dict, as LightningCLI parses a checkpoint's module arguments) whose `model` sections hold
+    the flat training arguments of 0.3 or 0.4, with those sections in this version's layout: a class path and its
+    init_args."""
+    if not isinstance(cfg_obj, dict):
+        return cfg_obj
+    sections = [cfg_obj, *(value for value in cfg_obj.values() if isinstance(value, dict))]
+    for section in sections:
+        model = section.get("model")
+        if isinstance(model, dict) and "class_path" not in model:
+            upgraded = upgraded_module_arguments(model)
+            if upgraded is not model:
+                path = upgraded.pop("_class_path", class_path(TranslationModule))
+                section["model"] = {"class_path": path, "init_args": upgraded}
+    return cfg_obj
+
+
+def init_args(section: Namespace) -> Namespace:
+    """The arguments of a class of the config: `init_args` of a section chosen by class path."""
+    return section.init_args if "init_args" in section else section
 
 
 def place_in_run_folder(config: Namespace) -> None:
     """The files of a run go into `trainer.default_root_dir` unless a setting names another folder: checkpoints/ and
     the trained tokenizer in tokenizer/. Set before instantiation: `--ckpt_path last` looks in the checkpoint folder
     before any callback is set up."""
-    root = Path(config.trainer.default_root_dir or ".")
+    root, data = Path(config.trainer.default_root_dir or "."), init_args(config.data)
     if config.checkpoint.dirpath is None:
         config.checkpoint.dirpath = str(root / "checkpoints")
-    if config.data.tokenizer is None and config.data.tokenizer_dir is None:
-        config.data.tokenizer_dir = str(root / "tokenizer")
+    if data.tokenizer is None and data.tokenizer_dir is None:
+        data.tokenizer_dir = str(root / "tokenizer")
 
 
 def progress_as_asked(trainer: Namespace) -> None:
@@ -108,6 +154,15 @@ def _class_of(class_path: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
+def schedule_of(section: Namespace | Schedule) -> Schedule:
+    """The schedule that a `model.schedule` section names (a class path and its init_args), made: it checks its
+    arguments."""
+    if isinstance(section, Schedule):
+        return section
+    arguments = section.get("init_args")
+    return _class_of(section.class_path)(**(arguments.as_dict() if arguments else {}))
+
+
 # What every run starts from (checkpoints, logging, progress); a config file states only what differs.
 DEFAULTS = str(Path(__file__).with_name("defaults.yaml"))
 
@@ -122,17 +177,23 @@ def _defaults_for(run: bool) -> dict[str, Any]:
 class TranslationCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
         _quiet_output()
+        # The model config of each model setting this run parsed: built once, however many links and checks ask.
+        self._model_configs: dict[str, TransformerConfig] = {}
         super().__init__(
             TranslationModule,
             TranslationDataModule,
             args=args,
+            # model.class_path and data.class_path choose a variant (lightning_modules.experimental); without one,
+            # TranslationModule and TranslationDataModule.
+            subclass_mode_model=True,
+            subclass_mode_data=True,
             parser_class=TranslationArgumentParser,
             parser_kwargs={"prog": "hf-transformer", **_defaults_for(run=kwargs.get("run", True))},
             trainer_class=kwargs.pop("trainer_class", InterruptibleTrainer),  # a Ctrl-C stops after its step
             trainer_defaults={"use_distributed_sampler": False},  # the data module shards its token-budget batches
             save_config_kwargs={"overwrite": True},
             # No --optimizer / --lr_scheduler: they would silently replace the module's AdamW and warm-up schedule
-            # (configure_optimizers; set through model.peak_lr, model.warmup_steps, model.betas...).
+            # (configure_optimizers; set through model.schedule, model.betas...).
             auto_configure_optimizers=False,
             **kwargs,
         )
@@ -142,13 +203,18 @@ class TranslationCLI(LightningCLI):
         parser.add_lightning_class_args(ResumableCheckpoint, "checkpoint")
         # The logs go into the run folder too.
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
+        parser.set_defaults(
+            {
+                "model": {"class_path": class_path(TranslationModule)},
+                "data": {"class_path": class_path(TranslationDataModule)},
+            }
+        )
         # The tokenizer decides the vocabulary and special ids: the model takes them from the data module's.
-        parser.link_arguments("data.tokenizer", "model.tokenizer", apply_on="instantiate")
+        parser.link_arguments("data.tokenizer", "model.init_args.tokenizer", apply_on="instantiate")
         # The model decides how long a sequence may be: the data keeps and cuts pairs to its positions.
+        model = ("model.init_args.preset", "model.init_args.config", "model.init_args.init_from")
         for side in ("source", "target"):
-            parser.link_arguments(
-                ("model.preset", "model.config", "model.init_from"), f"data.max_{side}_positions", model_positions
-            )
+            parser.link_arguments(model, f"data.init_args.max_{side}_positions", self.model_positions)
         # An ensemble for validate and test: not the module's (its models are no part of what fit trains or saves).
         parser.add_argument(
             "--ensemble_with",
@@ -167,6 +233,18 @@ class TranslationCLI(LightningCLI):
             "(fairseq's) or of their log-probabilities (OpenNMT-py's)",
         )
 
+    def model_config(self, preset: str, config: dict[str, Any] | None, init_from: str | None) -> TransformerConfig:
+        """The config of the model that these settings make (`lightning_modules.module.model_config`), built once
+        per run and setting: the links to the data and the checks before any work share it."""
+        key = json.dumps([preset, config, init_from], sort_keys=True, default=str)
+        if key not in self._model_configs:
+            self._model_configs[key] = model_config(preset, config, init_from)
+        return self._model_configs[key]
+
+    def model_positions(self, preset: str, config: dict[str, Any] | None, init_from: str | None) -> int:
+        """The number of positions of the model that `TranslationModule` builds from these settings."""
+        return self.model_config(preset, config, init_from).max_position_embeddings
+
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         if args is None or isinstance(args, list):
             check_config_files(sys.argv[1:] if args is None else args)
@@ -178,11 +256,14 @@ class TranslationCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        model = init_args(config.model)
         # The data module is built first (the model takes the vocabulary from it) and trains a tokenizer: check the
-        # training settings before that work.
-        check_module_arguments(config.model)
+        # module's settings, its schedule and the model config before that work.
+        _class_of(config.model.class_path).check_arguments(model)
+        schedule = schedule_of(model.schedule)
         if self.subcommand == "fit":
-            check_cooldown(config.model, config.trainer.max_steps)
+            schedule.check(config.trainer.max_steps)
+        self.model_config(model.preset, model.config, model.init_from)
         if config.trainer.enable_checkpointing is False:
             raise ConfigError(
                 "trainer.enable_checkpointing=false: every run checkpoints (to resume, to average, to export); write "
@@ -191,13 +272,26 @@ class TranslationCLI(LightningCLI):
         check_devices(config.trainer, config.config or [])
         progress_as_asked(config.trainer)
         if self.subcommand:
-            check_model_source(self.subcommand, config.ckpt_path, config.model.init_from)
+            check_model_source(self.subcommand, config.ckpt_path, model.init_from)
         if config.ensemble_with and self.subcommand not in ("validate", "test"):
             raise ConfigError(
                 f"--ensemble_with is for validate and test, which translate with an ensemble; {self.subcommand} trains "
                 "one model. Train each member as its own run (--seed_everything N) and test them together"
             )
         place_in_run_folder(config)
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as error:
+            # jsonargparse reports a class chosen by class path that refused its arguments as a list of the types it
+            # tried; a `UserError` among the causes names the problem and the fix by itself.
+            cause: BaseException | None = error
+            while cause is not None and not isinstance(cause, UserError):
+                cause = cause.__cause__ or cause.__context__
+            if cause is None:
+                raise
+            raise cause from error
 
     def before_fit(self) -> None:
         check_last_checkpoint(self.subcommand, self.config_init[self.subcommand].ckpt_path, self.trainer)
@@ -242,7 +336,7 @@ def ensemble_members(config: Namespace, tokenizer: Any) -> list[TransformerForCo
     """The models of --ensemble_with, each checked to share `tokenizer`, the module's (its data's)."""
     from .models import load_engine
 
-    first = config.ckpt_path or config.model.init_from
+    first = config.ckpt_path or init_args(config.model).init_from
     models = []
     for source in config.ensemble_with:
         engine = load_engine(source)

@@ -2,6 +2,7 @@
 
 import functools
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,6 @@ from .streaming import StreamLoader, TokenBudgetStream, stream_split
 from .synthetic import SOURCE_LANG, TARGET_LANG, synthetic_splits
 from .tokenization import (
     backend_tokenizer,
-    check_bpe_dropout,
     check_trained_on,
     encode_ids,
     has_saved_tokenizer,
@@ -90,10 +90,6 @@ class TranslationDataModule(pl.LightningDataModule):
         tokenizer: an existing tokenizer (folder or Hub id) instead of training a BPE vocabulary.
         bpe_vocab_size: the size of the joint BPE vocabulary trained on the training split (37000 in the paper).
         bpe_min_frequency: how often a pair must occur to be merged.
-        bpe_dropout: BPE-dropout on the training pairs (Provilkov et al., 2020; 0.1 in their paper, 0: off): each
-            pass over the training split encodes it anew, skipping each merge with this probability, and plans its
-            batches on those segmentations, so that `max_tokens` holds; evaluation keeps all merges. It needs
-            `streaming`, which encodes pairs as it reads them.
         bpe_sample_size: the BPE vocabulary learns from this many training pairs, drawn at random (seeded by `seed`)
             from a larger split, so that a corpus of millions of pairs trains its tokenizer in minutes; null: all
             pairs.
@@ -128,7 +124,6 @@ class TranslationDataModule(pl.LightningDataModule):
         tokenizer: str | None = None,
         bpe_vocab_size: int = 8000,
         bpe_min_frequency: int = 2,
-        bpe_dropout: float = 0.0,
         bpe_sample_size: int | None = 1_000_000,
         streaming: bool = False,
         stream_buffer: int = 100_000,
@@ -154,14 +149,6 @@ class TranslationDataModule(pl.LightningDataModule):
                 "data.streaming reads a dataset of files or of the Hub; the synthetic task is made in memory: set "
                 "data.streaming to false"
             )
-        if not 0 <= bpe_dropout < 1:
-            raise DataError(f"data.bpe_dropout={bpe_dropout} is not a probability in [0, 1): use e.g. 0.1 (0: off)")
-        if bpe_dropout and not streaming:
-            raise DataError(
-                f"data.bpe_dropout={bpe_dropout} segments the training pairs anew on each pass and plans the batches "
-                "on those segmentations, which a stream does as it reads them: set data.streaming to true (a folder "
-                "of files streams as a Hub dataset does)"
-            )
         if max_tokens < max(max_source_positions, max_target_positions):
             raise DataError(
                 f"max_tokens={max_tokens} is smaller than max_source_positions={max_source_positions} or "
@@ -173,7 +160,6 @@ class TranslationDataModule(pl.LightningDataModule):
         self.tokenizer: PreTrainedTokenizerFast = self._load_or_train_tokenizer()
         # Where the tokenizer can be loaded from (None until a trained one is saved with the run).
         self.tokenizer_location: str | None = tokenizer or tokenizer_dir
-        check_bpe_dropout(self.tokenizer, bpe_dropout)
         self._collator = TranslationCollator(
             self.tokenizer.pad_token_id, max_source_positions, max_target_positions, vocab_size=len(self.tokenizer)
         )
@@ -446,13 +432,9 @@ class TranslationDataModule(pl.LightningDataModule):
         if not hp.streaming:
             return self._loader("train", ResumableDataLoader, hp.max_tokens, shuffle=True)
         rank, world_size = self._rank_and_world_size()
-        # A stream encodes as it reads, so each pass draws new BPE-dropout segmentations and plans batches on them.
-        encode = functools.partial(
-            encode_ids, backend_tokenizer(self.tokenizer.backend_tokenizer.to_str(), hp.bpe_dropout)
-        )
         stream = TokenBudgetStream(
             self._train_stream(),
-            encode,
+            self.training_encoder(),
             hp.max_tokens,
             hp.max_source_positions,
             hp.max_target_positions,
@@ -464,6 +446,12 @@ class TranslationDataModule(pl.LightningDataModule):
             world_size=world_size,
         )
         return StreamLoader(stream, self._collator, batches=self._streamed_batches())
+
+    def training_encoder(self) -> Callable[[list[str]], list[list[int]]]:
+        """How a stream encodes the training texts as it reads them (a batch of texts -> their token ids): with the
+        tokenizer's full merges. A stream encodes as it reads, so a subclass may segment each pass anew
+        (`lightning_modules.experimental.BPEDropoutDataModule`), and the batches are planned on what it gives."""
+        return functools.partial(encode_ids, backend_tokenizer(self.tokenizer.backend_tokenizer.to_str()))
 
     def _streamed_batches(self) -> int:
         """The batches a run trains from a stream: trainer.max_steps, each of `accumulate_grad_batches` batches."""

@@ -160,26 +160,7 @@ def encode_ids(encoder: Tokenizer, texts: list[str]) -> list[list[int]]:
 
 
 @functools.lru_cache(maxsize=4)
-def backend_tokenizer(state: str, bpe_dropout: float = 0.0) -> Tokenizer:
+def backend_tokenizer(state: str) -> Tokenizer:
     """The tokenizers `Tokenizer` of a JSON text (`to_str()`), built once per process and text: the data module hands
-    its tokenizer to `datasets.map` processes as this text.
-
-    With `bpe_dropout`, BPE-dropout (Provilkov et al., 2020): each merge is skipped with this probability, so a word
-    is segmented anew each time it is encoded ("▁orange" also as "▁or an ge"). Its draws come from the tokenizers
-    library's own generator, which takes no seed.
-    """
-    tokenizer = Tokenizer.from_str(state)
-    if bpe_dropout:
-        tokenizer.model.dropout = bpe_dropout
-    return tokenizer
-
-
-def check_bpe_dropout(tokenizer: PreTrainedTokenizerFast, bpe_dropout: float) -> None:
-    """BPE-dropout skips merges: it needs a BPE vocabulary."""
-    model = tokenizer.backend_tokenizer.model
-    if bpe_dropout and not isinstance(model, models.BPE):
-        raise DataError(
-            f"data.bpe_dropout={bpe_dropout} skips merges of a BPE vocabulary; the tokenizer "
-            f"{tokenizer.name_or_path or ''} is a {type(model).__name__} model: set data.bpe_dropout to 0, or let the "
-            "data module train a BPE tokenizer (data.tokenizer: null)"
-        )
+    its tokenizer to `datasets.map` processes as this text."""
+    return Tokenizer.from_str(state)

@@ -1,6 +1,8 @@
 """R-Drop (Liang et al. 2021, "R-Drop: Regularized Dropout for Neural Networks"): every pair of a batch runs twice,
 under two dropout masks, and the loss adds the symmetric KL divergence of each target token's two output
 distributions to the two cross-entropies (their eq. 3), pulling the sub-models that dropout samples towards each other.
+At the Multi30k recipe's budget it trained on half the pairs of an update and lost on validation
+(docs/experiments.md): `RDropTranslationModule` is chosen by class path, the main module knows nothing of it.
 
 The whole loss is computed as the model's own is (`hf_transformer/model/loss.py`): chunk by chunk of tokens, each chunk
 of the two copies projected onto the vocabulary once, and the cross-entropies, the divergence and their gradients with
@@ -8,11 +10,16 @@ respect to the logits computed together in closed form in the forward pass, so t
 is held for every token of the doubled batch at once.
 """
 
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import torch
 
-from hf_transformer.model.loss import IGNORE_INDEX, logits_chunks, projection_dtype
+from hf_transformer.errors import ConfigError
+from hf_transformer.model.integrity import check_token_ids
+from hf_transformer.model.loss import IGNORE_INDEX, logits_chunks, projection_dtype, target_span
+
+from ..module import TranslationModule, batch_inputs
 
 
 def _rdrop_loss(
@@ -130,3 +137,81 @@ def rdrop_loss(
             hidden, hidden_pair, weight, labels.flatten(), label_smoothing, alpha / 2, num_chunks, gradients
         )
     )
+
+
+def check_alpha(alpha: float) -> None:
+    if not alpha > 0:
+        raise ConfigError(
+            f"model.alpha={alpha!r} must be positive (R-Drop's authors translate with 5); without R-Drop, the module "
+            "is lightning_modules.TranslationModule"
+        )
+
+
+class RDropTranslationModule(TranslationModule):
+    """`TranslationModule` whose training loss is R-Drop's (`rdrop_loss`): each step runs every pair of the batch
+    twice, under two dropout masks, and adds alpha / 2 times the symmetric KL divergence of the two output
+    distributions to the two cross-entropies, per target token of the doubled batch; a step computes twice
+    `data.max_tokens`. `train/loss` is the loss minimized, and `train/rdrop_divergence` the divergence per target
+    token (`train/loss` holds alpha / 4 times it).
+
+        model:
+          class_path: lightning_modules.experimental.RDropTranslationModule
+          init_args: {alpha: 5, preset: base, ...}
+
+    Args:
+        alpha: R-Drop's weight (5 in its authors' translation script).
+        **kwargs: the arguments of `TranslationModule`.
+    """
+
+    def __init__(self, alpha: float = 5.0, **kwargs: Any) -> None:
+        check_alpha(alpha)
+        super().__init__(**kwargs)
+        self.alpha = alpha
+        # The last training loss's divergence, summed over its target tokens: written inside `training_loss`, which
+        # may be compiled, and logged by `training_step`.
+        self.register_buffer("divergence", torch.zeros(()), persistent=False)
+
+    @classmethod
+    def check_arguments(cls, arguments: Mapping[str, Any]) -> None:
+        super().check_arguments(arguments)
+        check_alpha(arguments.get("alpha", 5.0))
+
+    def training_loss(self, batch: dict[str, Any], num_items_in_batch: torch.Tensor | None = None) -> torch.Tensor:
+        """R-Drop's loss of the batch run twice, divided by twice `num_items_in_batch` (by default the batch's target
+        tokens)."""
+        inputs = batch_inputs(batch)
+        if num_items_in_batch is None:
+            num_items_in_batch = (inputs["labels"] != IGNORE_INDEX).sum()
+        # One batch holding each pair twice: the two copies draw different dropout masks in one forward pass. The base
+        # model runs the decoder as `forward(labels=...)` does (inputs shifted right, up to each row's last target), and
+        # `rdrop_loss` projects its output onto the vocabulary once for the cross-entropies and the divergence.
+        twice = {name: torch.cat([tensor, tensor]) for name, tensor in inputs.items()}
+        check_token_ids(inputs["labels"], self.model.config.vocab_size, IGNORE_INDEX, "labels", training=self.training)
+        decoder_output = self.model.base_model(
+            twice["input_ids"],
+            twice["attention_mask"],
+            self.model.prepare_decoder_input_ids_from_labels(twice["labels"]),
+            target_span(twice["labels"]),
+            use_cache=False,
+        ).last_hidden_state
+        weight, smoothing = self.model.get_output_embeddings().weight, self.model.config.label_smoothing
+        loss, divergence = rdrop_loss(decoder_output, weight, inputs["labels"], smoothing, self.alpha)
+        self.divergence.copy_(divergence)
+        return loss / (2 * num_items_in_batch)
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.log("train/rdrop_divergence", self.divergence / (batch["labels"] != IGNORE_INDEX).sum())
+        return loss
+
+    def describe_training(self) -> list[tuple[str, str]]:
+        return [*super().describe_training(), self.description(self.alpha)]
+
+    @staticmethod
+    def description(alpha: float) -> tuple[str, str]:
+        """The model card's row of R-Drop with weight `alpha`."""
+        return (
+            "R-Drop",
+            f"alpha {alpha} (Liang et al. 2021): each pair runs twice under two dropout masks, and alpha / 2 times the "
+            "symmetric KL divergence of the two output distributions adds to the two cross-entropies",
+        )
