@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_transformer.errors import ConfigError
 from hf_transformer.model import loss
+from hf_transformer.model.integrity import check_token_ids
 from hf_transformer.model.loss import linear_cross_entropy, translation_loss
 from lightning_modules import TranslationDataModule, TranslationModule
 from lightning_modules.data.batching import TranslationCollator
@@ -430,7 +431,8 @@ def test_the_eager_training_step_reads_nothing_from_the_device_but_the_padding_r
     collate, and the loss ignores padding by its label, so nothing is read to the host but the two `nonzero`s that
     pack the encoder's and the decoder's tokens (`PackedMask`). Excluded, by name: transformers' mask helpers, whose
     test for a batch without padding reads the mask (once for the encoder's and once for the cross-attention's mask,
-    twice for the decoder's causal one). Without a trainer, Lightning's `self.log` in the step logs nothing."""
+    twice for the decoder's causal one), and the model's token-id checks, which read on a CPU only (on a GPU they
+    step aside in training: the next test). Without a trainer, Lightning's `self.log` in the step logs nothing."""
     data = TranslationDataModule(synthetic_train_size=200, synthetic_eval_size=16, max_tokens=384)
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
@@ -438,9 +440,22 @@ def test_the_eager_training_step_reads_nothing_from_the_device_but_the_padding_r
     module = tiny_module(len(data.tokenizer)).train()
     with HostReads() as reads:
         module.training_step(batch, 0).backward()
-    ours = [stack for stack in reads.scalar_reads if not any("transformers/masking_utils.py" in f for f in stack)]
+    excluded = ("transformers/masking_utils.py", "hf_transformer/model/integrity.py")
+    ours = [stack for stack in reads.scalar_reads if not any(name in f for f in stack for name in excluded)]
     assert ours == [], "\n\n".join("\n".join(f for f in stack if "/torch/" not in f) for stack in ours)
     assert (reads.nonzeros, reads.boolean_indexings) == (2, 0)
+
+
+def test_token_ids_are_checked_in_training_only_where_it_costs_no_device_wait():
+    """In training, `check_token_ids` reads the ids only on a CPU; on any other device (the meta device stands in for
+    a GPU here: it holds no values, so a read would fail) it leaves them to the data pipeline. In eval mode it checks
+    everywhere."""
+    on_device = torch.full((2, 3), 99, device="meta")
+    check_token_ids(on_device, vocab_size=10, training=True)  # returns without reading
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        check_token_ids(on_device, vocab_size=10)  # eval mode reads: impossible on the meta device
+    with pytest.raises(ValueError, match=r"Token ids \[99\] are outside the vocabulary \[0, 10\)"):
+        check_token_ids(torch.full((2, 3), 99), vocab_size=10, training=True)
 
 
 def test_the_collate_refuses_ids_outside_the_vocabulary():
