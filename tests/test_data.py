@@ -740,6 +740,51 @@ def test_filtered_pairs_are_counted_and_logged(tmp_path, caplog, monkeypatch, bl
     assert batch["input_ids"].shape[1] <= 20 and len(batch["source_text"]) == 5
 
 
+def test_streamed_and_prepared_training_data_keep_the_same_pairs_in_one_length_order(tmp_path):
+    """One split, read ahead and streamed: the same pairs kept (text on both sides, within the positions) and sorted
+    by one length order, so packed into batches of the same lengths. Each path had a filter and an order of its own,
+    and the stream sorted the targets of odd source lengths ascending where the prepared path sorts them descending."""
+    generator = np.random.default_rng(0)
+    words = ["a", "dog", "runs", "two", "men", "play", "music", "in", "the", "park", "grass", "women"]
+
+    def sentence(length: int) -> str:
+        return " ".join(generator.choice(words, size=length))
+
+    rows = [{"en": sentence(generator.integers(1, 16)), "de": sentence(generator.integers(1, 16))} for _ in range(300)]
+    rows += [{"en": "", "de": "leer"}, {"en": "  ", "de": "leer"}, {"en": "empty", "de": "\t"}]
+    rows += [{"en": sentence(30), "de": "lang"}, {"en": "long", "de": sentence(30)}]
+    (tmp_path / "data").mkdir()
+    write_jsonl(tmp_path / "data" / "train.jsonl", [rows[index] for index in generator.permutation(len(rows))])
+    for split in ("validation", "test"):
+        write_jsonl(tmp_path / "data" / f"{split}.jsonl", rows[:4])
+    limits = {"max_source_positions": 20, "max_target_positions": 20, "max_tokens": 120}
+    prepared = local_module(tmp_path / "data", tokenizer_dir=str(tmp_path / "tokenizer"), **limits)
+    assert prepared.filter_stats["train"] | {"truncated": None} == {
+        **{"pairs": 305, "kept": 300, "dropped_empty": 3, "dropped_too_long": 2, "truncated": None}
+    }
+    loader = prepared.train_dataloader()
+    order, starts, ends = loader.batch_sampler.plan_arrays(0)
+    ids = loader.dataset[order.tolist()]
+    in_order = [(tuple(source), tuple(target)) for source, target in zip(ids["input_ids"], ids["labels"], strict=True)]
+    prepared_batches = [in_order[start:end] for start, end in sorted(zip(starts.tolist(), ends.tolist(), strict=True))]
+    # The order: by source length, the targets ascending within even source lengths and descending within odd ones.
+    keys = [(len(source), len(target) if len(source) % 2 == 0 else -len(target)) for source, target in in_order]
+    assert keys == sorted(keys)
+
+    streamed = local_module(tmp_path / "data", tokenizer=str(tmp_path / "tokenizer"), streaming=True, **limits)
+    streamed.trainer = pl.Trainer(max_steps=1000, logger=False, enable_checkpointing=False)
+    streamed_batches = [
+        [(tuple(row["input_ids"]), tuple(row["labels"])) for row in batch]
+        for batch in next(streamed.train_dataloader().stream.passes(0))[1]
+    ]
+
+    def lengths(batches: list[list[tuple]]) -> list[tuple]:
+        return sorted(tuple((len(source), len(target)) for source, target in batch) for batch in batches)
+
+    assert sorted(pair for batch in streamed_batches for pair in batch) == sorted(in_order)
+    assert lengths(streamed_batches) == lengths(prepared_batches)
+
+
 def test_all_training_pairs_dropped_is_an_error(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", [{"en": "one two three four five six", "de": "x"}])
     with pytest.raises(DataError, match="all 1 training pairs were dropped .* raise the limits"):

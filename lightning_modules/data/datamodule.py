@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerFast
 
 from hf_transformer.errors import DataError
 
-from .batching import ResumableDataLoader, TokenBudgetBatchSampler, TranslationCollator
+from .batching import ResumableDataLoader, TokenBudgetBatchSampler, TrainingPairFilter, TranslationCollator
 from .sources import ROWS_PER_CACHE_BATCH, check_source, load_split, to_pairs
 from .streaming import StreamLoader, TokenBudgetStream, stream_split
 from .synthetic import SOURCE_LANG, TARGET_LANG, synthetic_splits
@@ -72,7 +72,8 @@ class TranslationDataModule(pl.LightningDataModule):
     the trainer's log dir).
 
     Training pairs with an empty side or longer than `max_source_positions`/`max_target_positions` tokens are
-    dropped; evaluation pairs are all kept, longer ones cut to the limits. `filter_stats` counts both per split.
+    dropped, streamed or not (`TrainingPairFilter`); evaluation pairs are all kept, longer ones cut to the limits.
+    `filter_stats` counts both per split.
     Batches: `input_ids`, `attention_mask` [B, S]; `labels` [B, T] (-100 at padding); evaluation batches also
     `source_text`, `target_text` and `index` (the pair's position in its split). Train with
     `Trainer(use_distributed_sampler=False)`: the batch sampler shards.
@@ -176,6 +177,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self._collator = TranslationCollator(
             self.tokenizer.pad_token_id, max_source_positions, max_target_positions, vocab_size=len(self.tokenizer)
         )
+        self._pair_filter = TrainingPairFilter(max_source_positions, max_target_positions)
 
     # ----------------------------------------------------------------------------------------------- tokenizer
     def _load_or_train_tokenizer(self) -> PreTrainedTokenizerFast:
@@ -345,7 +347,7 @@ class TranslationDataModule(pl.LightningDataModule):
         training, dropped, empties, too_long_pairs, too_long_nonempty = role == "train", [], 0, 0, 0
         for start in range(0, len(empty), _ROWS_PER_FILTER_BLOCK):
             block = slice(start, start + _ROWS_PER_FILTER_BLOCK)
-            too_long = (source[block] > hp.max_source_positions) | (target[block] > hp.max_target_positions)
+            too_long = self._pair_filter.too_long(source[block], target[block])
             empties += int(empty[block].sum())
             too_long_pairs += int(too_long.sum())
             too_long_nonempty += int((too_long & ~empty[block]).sum())
@@ -361,10 +363,8 @@ class TranslationDataModule(pl.LightningDataModule):
             "truncated": 0 if training else too_long_pairs,
         }
         if not stats["kept"]:
-            raise DataError(
-                f"split {split!r}: all {len(encoded)} training pairs were dropped ({stats['dropped_empty']} with an "
-                f"empty side, {stats['dropped_too_long']} longer than max_source_positions={hp.max_source_positions}"
-                f"/max_target_positions={hp.max_target_positions} tokens); raise the limits or check the languages"
+            raise self._pair_filter.nothing_kept(
+                f"split {split!r}", len(encoded), stats["dropped_empty"], stats["dropped_too_long"]
             )
         if training:  # training batches carry ids only: the raw text is for scoring translations in evaluation
             self._check_unknown_rate(split, encoded, source, target)
@@ -528,7 +528,8 @@ def _encode_pairs(batch: dict[str, list[str]], tokenizer: str, unknown_id: int |
             for source_ids, target_ids in zip(source, target, strict=True)
         ],
         "empty": [
-            not s.strip() or not t.strip() for s, t in zip(batch["source_text"], batch["target_text"], strict=True)
+            TrainingPairFilter.is_empty(source_text, target_text)
+            for source_text, target_text in zip(batch["source_text"], batch["target_text"], strict=True)
         ],
     }
 

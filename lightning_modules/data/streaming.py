@@ -23,6 +23,7 @@ from hf_transformer.errors import DataError
 from hf_transformer.token_budget import token_budget_boundaries
 
 from ..checkpoint import every_rank, this_ranks
+from .batching import TrainingPairFilter, length_order
 from .sources import TABLE_FORMATS, find_split_files, has_top_level_files, text_lines
 
 
@@ -99,9 +100,9 @@ class TokenBudgetStream:
     Each pass (epoch) over the stream: the shards in a seeded order and a shuffle buffer of `shuffle_buffer` pairs
     (`datasets`' `shuffle` with the pass as its epoch), this rank's share (`split_dataset_by_node`: whole shards
     where they divide by the ranks, else every `world_size`-th pair), then `sort_buffer` pairs at a time: encoded,
-    those with an empty side or longer than the positions dropped (as the prepared path drops them), sorted by
-    length, packed under `max_tokens` (`token_budget_boundaries`) and given in a seeded random order. Yields lists of
-    rows (`input_ids`, `labels`) for the collator.
+    those with an empty side or longer than the positions dropped and the rest sorted by length as the prepared path
+    drops and sorts them (`TrainingPairFilter`, `length_order`), packed under `max_tokens` (`token_budget_boundaries`)
+    and given in a seeded random order. Yields lists of rows (`input_ids`, `labels`) for the collator.
     """
 
     def __init__(
@@ -121,7 +122,7 @@ class TokenBudgetStream:
     ) -> None:
         self.pairs, self.encode = pairs, encode
         self.max_tokens, self.max_sentences = max_tokens, max_sentences
-        self.max_positions = (max_source_positions, max_target_positions)
+        self.pair_filter = TrainingPairFilter(max_source_positions, max_target_positions)
         self.shuffle_buffer, self.sort_buffer = shuffle_buffer, sort_buffer
         self.seed, self.rank, self.world_size = seed, rank, world_size
 
@@ -145,23 +146,20 @@ class TokenBudgetStream:
     def _pack(self, chunk: list[dict[str, str]], rng: np.random.Generator) -> Iterator[list[dict[str, Any]]]:
         sources = self.encode([row["source_text"] for row in chunk])
         targets = self.encode([row["target_text"] for row in chunk])
-        kept = [
-            {"input_ids": source, "labels": target}
-            for row, source, target in zip(chunk, sources, targets, strict=True)
-            if row["source_text"].strip()
-            and row["target_text"].strip()
-            and len(source) <= self.max_positions[0]
-            and len(target) <= self.max_positions[1]
-        ]
-        if not kept:
+        empty = np.array([self.pair_filter.is_empty(row["source_text"], row["target_text"]) for row in chunk])
+        source_lengths = np.array([len(ids) for ids in sources])
+        target_lengths = np.array([len(ids) for ids in targets])
+        kept = np.flatnonzero(~(empty | self.pair_filter.too_long(source_lengths, target_lengths)))
+        if not len(kept):
             return
-        source_lengths = np.array([len(row["input_ids"]) for row in kept])
-        target_lengths = np.array([len(row["labels"]) for row in kept])
-        order = np.lexsort((target_lengths, source_lengths))
+        order = kept[length_order(source_lengths[kept], target_lengths[kept])]
         costs = np.maximum(source_lengths, target_lengths)[order]
         boundaries = token_budget_boundaries(costs, self.max_tokens, self.max_sentences)
         for batch in rng.permutation(len(boundaries) - 1):
-            yield [kept[index] for index in order[boundaries[batch] : boundaries[batch + 1]]]
+            yield [
+                {"input_ids": sources[index], "labels": targets[index]}
+                for index in order[boundaries[batch] : boundaries[batch + 1]]
+            ]
 
     def __iter__(self) -> Iterator[list[dict[str, Any]]]:
         for _, batches in self.passes(0):
