@@ -2,6 +2,7 @@
 budget, an endless stream that keeps the ranks in step, a loader that resumes exactly, and the same on two DDP
 processes through the command line."""
 
+import gzip
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ from conftest import DEMO
 
 from hf_transformer.errors import DataError
 from lightning_modules.checkpoint import load_checkpoint
+from lightning_modules.data.sources import load_split
 from lightning_modules.data.streaming import StreamLoader, TokenBudgetStream, stream_split
 
 WORDS = ["a", "dog", "man", "runs", "on", "the", "grass", "two", "women", "play", "music", "in", "park"]
@@ -125,6 +127,35 @@ def test_a_stream_of_text_files_splits_lines_at_newlines_only_and_names_files_of
     (tmp_path / "train.de").write_bytes("".join(line + "\n" for line in targets[:3]).encode())
     with pytest.raises(DataError, match=r"train\.de has 3 lines but .*train\.en has more"):
         list(stream_split(str(tmp_path), None, "train", "en", "de"))
+
+
+NUMBERS = gzip.compress(b"".join(b"%d\n" % number for number in range(5000)), mtime=0)
+BAD_FILES = {
+    "not UTF-8": {"train.en": b"one\ntwo\n", "train.de": b"eins\nGr\xfc\xdfe\n"},
+    "binary": {"train.en": b"one\ntwo\n", "train.de": b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR"},
+    "UTF-16": {"train.en": b"one\ntwo\n", "train.de": "eins\nzwei\n".encode("utf-16")},
+    "empty": {"train.en": b"", "train.de": b""},
+    "no gzip": {"train.en": b"one\ntwo\n", "train.de.gz": b"eins\nzwei\n"},
+    "gzip cut short": {"train.en": b"one\n" * 5000, "train.de.gz": NUMBERS[:5000]},
+    "jsonl not UTF-8": {"train.jsonl": b'{"en": "a", "de": "b"}\n{"en": "a", "de": "Gr\xfc\xdfe"}\n'},
+    "jsonl binary": {"train.jsonl": b"\0\x01\x02\n"},
+    "jsonl empty": {"train.jsonl": b""},
+}
+
+
+@pytest.mark.parametrize("case", BAD_FILES)
+def test_a_streamed_file_that_cannot_be_read_is_named_as_when_read_ahead(tmp_path, case):
+    """One reader rule for both paths: a streamed training file that is not UTF-8 text, binary, UTF-16, empty or a
+    damaged .gz is refused with the one-line message of a read ahead, naming the file (and the line). A stream ended
+    in UnicodeDecodeError, BadGzipFile, ArrowInvalid or StopIteration from inside the readers, or read no pair."""
+    for name, content in BAD_FILES[case].items():
+        (tmp_path / name).write_bytes(content)
+    with pytest.raises(DataError) as read_ahead:
+        load_split(str(tmp_path), None, "train", "en", "de")
+    with pytest.raises(DataError) as streamed:
+        list(stream_split(str(tmp_path), None, "train", "en", "de"))
+    assert str(streamed.value) == str(read_ahead.value)
+    assert str(tmp_path / "train.") in str(streamed.value) and "\n" not in str(streamed.value)
 
 
 def train(run_dir: Path, streaming: bool, *overrides: str) -> subprocess.CompletedProcess:

@@ -13,6 +13,7 @@ import io
 import re
 import zlib
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -24,7 +25,7 @@ from datasets.exceptions import DatasetGenerationError
 from datasets.fingerprint import Hasher
 from lightning.pytorch.utilities import rank_zero_info
 
-from hf_transformer.errors import DataError
+from hf_transformer.errors import DataError, UserError
 
 # Builder name and options per file extension. csv/tsv: every field is text ("NA", "null" and blank lines included).
 _TEXT_CSV_OPTIONS = {"keep_default_na": False, "na_filter": False, "skip_blank_lines": False}
@@ -85,14 +86,18 @@ def check_source(dataset: str) -> None:
 
 
 def _load_single_file(path: Path, split: str, source_lang: str, target_lang: str) -> Dataset:
-    # A lone file is a split of its own name (train.jsonl); other splits need the `{split}` placeholder.
+    check_single_file_split(path, split)
+    return _load_table_file(path, source_lang, target_lang)
+
+
+def check_single_file_split(path: Path, split: str) -> None:
+    """A lone file is a split of its own name (train.jsonl); other splits need the `{split}` placeholder."""
     if path.name.split(".")[0] != split:
         raise DataError(
             f"split {split!r}: the dataset is the single file {path}, which holds only the split "
             f"{path.name.split('.')[0]!r}; give a folder of {{split}}.<ext> files or a path with a {{split}} "
             f"placeholder (e.g. {path.parent / ('{split}' + ''.join(path.suffixes))})"
         )
-    return _load_table_file(path, source_lang, target_lang)
 
 
 def has_top_level_files(folder: Path) -> bool:
@@ -125,6 +130,15 @@ def find_split_files(folder: Path, split: str) -> dict[str, Path]:
 
 
 def _load_from_folder(folder: Path, split: str, source_lang: str, target_lang: str) -> Dataset:
+    files = split_files(folder, split, source_lang, target_lang)
+    if len(files) == 1:
+        return _load_table_file(files[0], source_lang, target_lang)
+    return _load_text_pair(*files, source_lang, target_lang)
+
+
+def split_files(folder: Path, split: str, source_lang: str, target_lang: str) -> tuple[Path, ...]:
+    """The files of `split` in a folder of our flat layout, read ahead or streamed alike: its table file, or its
+    source and target text files; an error naming what was looked for and what is there instead."""
     files = find_split_files(folder, split)
     if not files:
         raise DataError(
@@ -134,14 +148,14 @@ def _load_from_folder(folder: Path, split: str, source_lang: str, target_lang: s
         )
     tables = [path for kind, path in files.items() if kind in TABLE_FORMATS]
     if tables:
-        return _load_table_file(tables[0], source_lang, target_lang)
+        return (tables[0],)
     for lang in (source_lang, target_lang):
         if lang not in files:
             raise DataError(
                 f"language {lang!r} not in the data: looked for {folder}/{split}.{lang}[.gz]; languages present for "
                 f"split {split!r}: {', '.join(files)}. {_CHOOSE_LANGUAGES}"
             )
-    return _load_text_pair(files[source_lang], files[target_lang], source_lang, target_lang)
+    return files[source_lang], files[target_lang]
 
 
 def _splits_in(folder: Path) -> str:
@@ -221,10 +235,16 @@ def text_lines(path: Path) -> Iterator[str]:
     inside a sentence made it two lines, and every later pair of line-aligned files was shifted by one, unnoticed
     where the other file had a stray "\r" too. Here it stays part of its line. A byte-order mark at the start of a line
     (of the file, or of one of the files that were concatenated into it) is no part of the text: left in, it became a
-    token of the vocabulary (the csv and json readers drop it themselves)."""
-    with _open_binary(path) as binary, io.TextIOWrapper(binary, encoding="utf-8", newline="\n") as text:
-        for line in text:
-            yield line.removeprefix(_BYTE_ORDER_MARK).removesuffix("\n").removesuffix("\r")
+    token of the vocabulary (the csv and json readers drop it themselves). A file that is not UTF-8 text, or a damaged
+    .gz, is named with the line where it fails, as `named_read_errors` names it for the other readers."""
+    try:
+        with _open_binary(path) as binary, io.TextIOWrapper(binary, encoding="utf-8", newline="\n") as text:
+            for line in text:
+                yield line.removeprefix(_BYTE_ORDER_MARK).removesuffix("\n").removesuffix("\r")
+    except UnicodeDecodeError as error:
+        raise (_undecodable(path) or DataError(f"{path} is not UTF-8 text ({error})")) from error
+    except _GZIP_ERRORS as error:
+        raise _broken_gzip(path, error) from error
 
 
 def _load_table_file(path: Path, source_lang: str, target_lang: str) -> Dataset:
@@ -245,23 +265,53 @@ def _load_dataset_file(builder: str, path: Path, **options) -> Dataset:
 
 
 def _read_file(path: Path, builder: str, read: Callable[[], Dataset]) -> Dataset:
-    """One local file read by `read` (a `datasets` builder, named `builder`), with its failures explained in terms
-    of the file."""
+    """One local file read by `read` (a `datasets` builder, named `builder`), checked first and with its failures
+    explained in terms of the file, as a stream of it is (`check_data_file`, `named_read_errors`)."""
+    check_data_file(path)
+    with named_read_errors(path, builder):
+        return read()
+
+
+def check_data_file(path: Path) -> None:
+    """What reading a local data file checks before it starts, ahead (`load_split`) or as a stream (`stream_split`)
+    alike: that the file exists, holds data, and is text (a parquet file aside) rather than binary data or UTF-16, in
+    its first bytes (a NUL byte: binary data, as git and grep tell it; UTF-8 text holds none)."""
+    if not path.is_file():
+        raise DataError(f"data file not found: looked for {path}")
     try:
         with _open_binary(path) as file:
-            if not file.read(1):
-                raise DataError(f"{path} is empty: a split needs at least one pair")
-        return read()
+            head = file.read(_BINARY_CHECK_BYTES)
     except _GZIP_ERRORS as error:
         raise _broken_gzip(path, error) from error
-    except DatasetGenerationError as error:
-        cause = error.__cause__
+    if not head:
+        raise DataError(f"{path} is empty: a split needs at least one pair")
+    if not path.name.removesuffix(".gz").endswith(".parquet") and (problem := _not_text(path, head)) is not None:
+        raise problem
+
+
+@contextmanager
+def named_read_errors(path: Path, builder: str) -> Iterator[None]:
+    """Failures of reading the local file `path` as `builder` (a `datasets` builder) inside the block, explained in
+    terms of the file: a damaged .gz, bytes that are not UTF-8 (the line), a file that is not of its type. A read
+    ahead raises them wrapped in a `DatasetGenerationError`, a stream as they are."""
+    try:
+        yield
+    except UserError:
+        raise
+    except _GZIP_ERRORS as error:
+        raise _broken_gzip(path, error) from error
+    except (DatasetGenerationError, UnicodeDecodeError) as error:
+        cause = error.__cause__ if isinstance(error, DatasetGenerationError) else error
+        if isinstance(cause, UserError):
+            raise cause from error
         if isinstance(cause, _GZIP_ERRORS):
             raise _broken_gzip(path, cause) from error
         if (problem := _undecodable(path)) is not None:  # binary or not UTF-8: a parse error would not say so
             raise problem from error
         raise DataError(f"could not read {path} as {builder}: {cause or error}") from error
     except pa.ArrowInvalid as error:  # the parquet builder reads the file's footer before it generates any rows
+        if (problem := _undecodable(path)) is not None:
+            raise problem from error
         raise DataError(
             f"could not read {path} as {builder} ({error}): write it again as a {builder} file, or give it the "
             "extension of its format"
@@ -350,18 +400,8 @@ def _undecodable(path: Path) -> DataError | None:
         return None
     try:
         with _open_binary(path) as lines:
-            head = lines.read(_BINARY_CHECK_BYTES)
-            if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-                return DataError(
-                    f"{path} is UTF-16 text (what Windows calls Unicode); re-encode the file as UTF-8 (e.g. iconv -f "
-                    "utf-16 -t utf-8)"
-                )
-            if b"\0" in head:  # as git and grep tell binary files: text holds no NUL bytes, and re-encoding won't help
-                line = head.count(b"\n", 0, head.index(b"\0")) + 1
-                return DataError(
-                    f"{path} is binary data, not text (a NUL byte on line {line}). Give the split's text file (UTF-8, "
-                    "one sentence per line, or gzip-compressed text ending in .gz)"
-                )
+            if (problem := _not_text(path, lines.read(_BINARY_CHECK_BYTES))) is not None:
+                return problem
             lines.seek(0)
             for number, line in enumerate(lines, start=1):
                 try:
@@ -373,6 +413,22 @@ def _undecodable(path: Path) -> DataError | None:
                     )
     except _GZIP_ERRORS as error:
         return _broken_gzip(path, error)
+    return None
+
+
+def _not_text(path: Path, head: bytes) -> DataError | None:
+    """The error for a file whose first bytes (`head`) say that it is UTF-16 text or binary data, or None."""
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return DataError(
+            f"{path} is UTF-16 text (what Windows calls Unicode); re-encode the file as UTF-8 (e.g. iconv -f utf-16 -t "
+            "utf-8)"
+        )
+    if b"\0" in head:  # as git and grep tell binary files: text holds no NUL bytes, and re-encoding won't help
+        line = head.count(b"\n", 0, head.index(b"\0")) + 1
+        return DataError(
+            f"{path} is binary data, not text (a NUL byte on line {line}). Give the split's text file (UTF-8, one "
+            "sentence per line, or gzip-compressed text ending in .gz)"
+        )
     return None
 
 

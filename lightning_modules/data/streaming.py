@@ -24,47 +24,61 @@ from hf_transformer.token_budget import token_budget_boundaries
 
 from ..checkpoint import every_rank, this_ranks
 from .batching import TrainingPairFilter, length_order
-from .sources import TABLE_FORMATS, find_split_files, has_top_level_files, text_lines
+from .sources import (
+    TABLE_FORMATS,
+    check_data_file,
+    check_single_file_split,
+    has_top_level_files,
+    named_read_errors,
+    split_files,
+    text_lines,
+)
 
 
 def stream_split(dataset: str, config: str | None, split: str, source_lang: str, target_lang: str) -> IterableDataset:
     """The pairs of one split of `dataset`, read as a stream: rows of `source_text` and `target_text`. `dataset` is
     a Hub dataset id (or a folder in a layout `datasets` reads), a folder of `{split}.{lang}[.gz]` text files or of
-    `{split}.<table format>` files, or a path with a `{split}` placeholder."""
+    `{split}.<table format>` files, one such file, or a path with a `{split}` placeholder: the sources `load_split`
+    reads ahead, found, checked (`check_data_file`) and read by the same rules, their failures named alike."""
     path = Path(dataset)
     if "{split}" in dataset:
-        stream = _stream_table(Path(dataset.replace("{split}", split)))
+        files: tuple[Path, ...] = (Path(dataset.replace("{split}", split)),)
+    elif path.is_file():
+        check_single_file_split(path, split)
+        files = (path,)
     elif path.is_dir() and has_top_level_files(path):
-        files = find_split_files(path, split)
-        tables = [file for kind, file in files.items() if kind in TABLE_FORMATS]
-        if tables:
-            stream = _stream_table(tables[0])
-        elif source_lang in files and target_lang in files:
-            stream = IterableDataset.from_generator(
-                _line_pairs, gen_kwargs={"files": [(str(files[source_lang]), str(files[target_lang]))]}
-            )
-            return stream.rename_columns({"source": "source_text", "target": "target_text"})
-        else:
-            raise DataError(
-                f"split {split!r} of {path}: no {split}.<{','.join(TABLE_FORMATS)}> file and no {split}.{source_lang} "
-                f"and {split}.{target_lang} files to stream (found: {', '.join(files) or 'none'})"
-            )
+        files = split_files(path, split, source_lang, target_lang)
     else:
         try:
             stream = load_dataset(dataset, config, split=split, streaming=True)
         except Exception as error:  # datasets raises many types here; each means the same to the user
             raise DataError(f"could not stream split {split!r} of dataset {dataset!r}: {error}") from error
+        return _pairs_of(stream, source_lang, target_lang)
+    kind = files[0].name.removesuffix(".gz").rsplit(".", 1)[-1]
+    if len(files) == 1 and kind not in TABLE_FORMATS:
+        raise DataError(f"{files[0]}: unknown data file type {kind!r}; use one of {', '.join(TABLE_FORMATS)} (or .gz)")
+    for file in files:
+        check_data_file(file)
+    if len(files) == 1:
+        stream = IterableDataset.from_generator(_table_rows, gen_kwargs={"paths": [str(files[0])]})
+        return _pairs_of(stream, source_lang, target_lang)
+    stream = IterableDataset.from_generator(_line_pairs, gen_kwargs={"files": [tuple(map(str, files))]})
+    return stream.rename_columns({"source": "source_text", "target": "target_text"})
+
+
+def _pairs_of(stream: IterableDataset, source_lang: str, target_lang: str) -> IterableDataset:
     return stream.map(_pair_of, fn_kwargs={"source_lang": source_lang, "target_lang": target_lang}).select_columns(
         ["source_text", "target_text"]
     )
 
 
-def _stream_table(path: Path) -> IterableDataset:
-    kind = path.name.removesuffix(".gz").rsplit(".", 1)[-1]
-    if kind not in TABLE_FORMATS or not path.is_file():
-        raise DataError(f"cannot stream {path}: no such data file of a known type ({', '.join(TABLE_FORMATS)})")
-    builder, options = TABLE_FORMATS[kind]
-    return load_dataset(builder, data_files=str(path), split="train", streaming=True, **options)
+def _table_rows(paths: list[str]) -> Iterator[dict[str, Any]]:
+    """The rows of local table files (one shard each), read by `datasets`' reader of their type, their failures named
+    as a read ahead names them (`named_read_errors`)."""
+    for path in map(Path, paths):
+        builder, options = TABLE_FORMATS[path.name.removesuffix(".gz").rsplit(".", 1)[-1]]
+        with named_read_errors(path, builder):
+            yield from load_dataset(builder, data_files=str(path), split="train", streaming=True, **options)
 
 
 def _line_pairs(files: list[tuple[str, str]]) -> Iterator[dict[str, str]]:
