@@ -2,6 +2,7 @@
 
 import functools
 import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from .sources import ROWS_PER_CACHE_BATCH, check_source, load_split, to_pairs
 from .streaming import StreamLoader, TokenBudgetStream, stream_split
 from .synthetic import SOURCE_LANG, TARGET_LANG, synthetic_splits
 from .tokenization import (
+    SPECIAL_TOKENS,
     backend_tokenizer,
     check_bpe_dropout,
     check_trained_on,
@@ -55,6 +57,21 @@ _ENCODED_FEATURES = Features(
     }
 )
 _ENCODED_IDS_FEATURES = Features({name: kind for name, kind in _ENCODED_FEATURES.items() if not name.endswith("_text")})
+# The data settings that a number must satisfy, checked before any work (`check_data_settings`): what a setting that
+# fails would otherwise do (a stream of no batches waits forever; a DataLoader or a sampler fails after the data is
+# read and tokenized).
+_SETTING_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "bpe_vocab_size": (lambda value: value > len(SPECIAL_TOKENS), "must be larger than the 4 special tokens"),
+    "bpe_min_frequency": (lambda value: value >= 0, "must be at least 0"),
+    "bpe_sample_size": (lambda value: value is None or value >= 1, "must be at least 1, or null for every pair"),
+    "stream_buffer": (lambda value: value >= 1, "must be at least 1: the pairs a stream shuffles and sorts at a time"),
+    "max_sentences": (lambda value: value is None or value >= 1, "must be at least 1, or null for no limit"),
+    "max_source_positions": (lambda value: value >= 1, "must be at least 1"),
+    "max_target_positions": (lambda value: value >= 1, "must be at least 1"),
+    "num_workers": (lambda value: value >= 0, "must be at least 0 (0: load in the main process)"),
+    "synthetic_train_size": (lambda value: value >= 1, "must be at least 1"),
+    "synthetic_eval_size": (lambda value: value >= 1, "must be at least 1"),
+}
 # The Trainer setting that limits the batches of each role's loader.
 _LIMIT_OF_ROLE = {"train": "limit_train_batches", "validation": "limit_val_batches", "test": "limit_test_batches"}
 
@@ -145,6 +162,7 @@ class TranslationDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        check_data_settings(self.hparams)
         if source_lang == target_lang:
             raise DataError(f"source_lang and target_lang are both {source_lang!r}: choose two different languages")
         if dataset != "synthetic":
@@ -162,11 +180,12 @@ class TranslationDataModule(pl.LightningDataModule):
                 "on those segmentations, which a stream does as it reads them: set data.streaming to true (a folder "
                 "of files streams as a Hub dataset does)"
             )
-        if max_tokens < max(max_source_positions, max_target_positions):
-            raise DataError(
-                f"max_tokens={max_tokens} is smaller than max_source_positions={max_source_positions} or "
-                f"max_target_positions={max_target_positions}: the longest allowed pair would not fit in a batch"
-            )
+        for name, budget in (("max_tokens", max_tokens), ("eval_max_tokens", eval_max_tokens)):
+            if budget < max(max_source_positions, max_target_positions):
+                raise DataError(
+                    f"{name}={budget} is smaller than max_source_positions={max_source_positions} or "
+                    f"max_target_positions={max_target_positions}: the longest allowed pair would not fit in a batch"
+                )
         self._raw_splits: dict[str, Dataset] = {}
         self._prepared: dict[str, tuple[Dataset, np.ndarray, np.ndarray]] = {}
         self.filter_stats: dict[str, dict[str, int]] = {}
@@ -212,9 +231,22 @@ class TranslationDataModule(pl.LightningDataModule):
             f"Training a {hp.bpe_vocab_size}-token BPE tokenizer on {split} ({at_most}{2 * count:,} sentences, "
             "source and target)"
         )
-        rows = pairs.iter(batch_size=1000)
-        sentences = (batch[side] for batch in rows for side in ("source_text", "target_text"))
-        return train_bpe_tokenizer(sentences, hp.bpe_vocab_size, hp.bpe_min_frequency, total=2 * count)
+        read = {"pairs": 0, "texts": 0}
+
+        def sentences() -> Iterator[list[str]]:
+            for batch in pairs.iter(batch_size=1000):
+                read["pairs"] += len(batch["source_text"])
+                for side in ("source_text", "target_text"):
+                    read["texts"] += sum(1 for text in batch[side] if text.strip())
+                    yield batch[side]
+
+        tokenizer = train_bpe_tokenizer(sentences(), hp.bpe_vocab_size, hp.bpe_min_frequency, total=2 * count)
+        if not read["texts"]:  # a vocabulary of the special tokens alone; a stream of such pairs would never end
+            raise DataError(
+                f"{split}: no sentence holds text ({read['pairs']:,} pairs read, all blank), so there is nothing to "
+                "train the tokenizer or the model on. Check data.dataset, data.train_split and the languages"
+            )
+        return tokenizer
 
     def _bpe_sample(self) -> tuple[Dataset | IterableDataset, int]:
         """The training pairs the tokenizer learns from, and how many (at most, for a stream): all of them, or
@@ -461,6 +493,7 @@ class TranslationDataModule(pl.LightningDataModule):
             seed=hp.seed,
             rank=rank,
             world_size=world_size,
+            name=f"split {hp.train_split!r} of {hp.dataset}",
         )
         return StreamLoader(stream, self._collator, batches=self._streamed_batches())
 
@@ -504,6 +537,13 @@ class TranslationDataModule(pl.LightningDataModule):
                 f"{batch_sampler.max_tokens} tokens per device, and trainer.{name}={limit} keeps {limit:.0%} of them: "
                 f"less than one. Set trainer.{name} to 1.0 (the whole split) or to a number of batches (an int, e.g. 1)"
             )
+
+
+def check_data_settings(settings: dict[str, Any]) -> None:
+    """Refuse a data setting out of its range (`_SETTING_RULES`) before any work, naming it."""
+    for name, (is_valid, rule) in _SETTING_RULES.items():
+        if not is_valid(settings[name]):
+            raise DataError(f"data.{name}={settings[name]!r} {rule}")
 
 
 def _leave_ctrl_c_to_the_main_process(worker_id: int) -> None:

@@ -116,7 +116,9 @@ class TokenBudgetStream:
     where they divide by the ranks, else every `world_size`-th pair), then `sort_buffer` pairs at a time: encoded,
     those with an empty side or longer than the positions dropped and the rest sorted by length as the prepared path
     drops and sorts them (`TrainingPairFilter`, `length_order`), packed under `max_tokens` (`token_budget_boundaries`)
-    and given in a seeded random order. Yields lists of rows (`input_ids`, `labels`) for the collator.
+    and given in a seeded random order. Yields lists of rows (`input_ids`, `labels`) for the collator. A pass that
+    gives no batch (no pair, or none kept) stops with a `DataError` saying so about `name` (the split): the next
+    would give none either, and the training loop would wait for a batch forever.
     """
 
     def __init__(
@@ -133,8 +135,11 @@ class TokenBudgetStream:
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        name: str = "the stream",
     ) -> None:
-        self.pairs, self.encode = pairs, encode
+        if shuffle_buffer < 1 or sort_buffer < 1:
+            raise ValueError(f"shuffle_buffer ({shuffle_buffer}) and sort_buffer ({sort_buffer}) must be at least 1")
+        self.pairs, self.encode, self.name = pairs, encode, name
         self.max_tokens, self.max_sentences = max_tokens, max_sentences
         self.pair_filter = TrainingPairFilter(max_source_positions, max_target_positions)
         self.shuffle_buffer, self.sort_buffer = shuffle_buffer, sort_buffer
@@ -150,20 +155,40 @@ class TokenBudgetStream:
         stream = self.pairs.shuffle(seed=self.seed, buffer_size=self.shuffle_buffer)
         stream.set_epoch(epoch)
         stream = split_dataset_by_node(stream, rank=self.rank, world_size=self.world_size)
-        rows = iter(stream)
+        rows, counts, given = iter(stream), {"pairs": 0, "empty": 0, "too_long": 0}, 0
         for chunk_index in range(2**62):
             chunk = list(islice(rows, self.sort_buffer))
             if not chunk:
-                return
-            yield from self._pack(chunk, np.random.default_rng([self.seed, epoch, self.rank, chunk_index]))
+                break
+            for batch in self._pack(chunk, np.random.default_rng([self.seed, epoch, self.rank, chunk_index]), counts):
+                given += 1
+                yield batch
+        if not given:
+            raise self._nothing_to_train(counts)
 
-    def _pack(self, chunk: list[dict[str, str]], rng: np.random.Generator) -> Iterator[list[dict[str, Any]]]:
+    def _nothing_to_train(self, counts: dict[str, int]) -> DataError:
+        where = self.name + (f", the share of rank {self.rank} of {self.world_size}" if self.world_size > 1 else "")
+        if counts["pairs"]:
+            return self.pair_filter.nothing_kept(
+                f"{where}, streamed", counts["pairs"], counts["empty"], counts["too_long"]
+            )
+        more = "; use fewer devices, or a split of more pairs" if self.world_size > 1 else ""
+        return DataError(f"{where}: a whole pass of the stream read no pair to train on{more}")
+
+    def _pack(
+        self, chunk: list[dict[str, str]], rng: np.random.Generator, counts: dict[str, int]
+    ) -> Iterator[list[dict[str, Any]]]:
+        """The batches of a chunk of rows, in a random order; `counts` adds the pairs read and dropped."""
         sources = self.encode([row["source_text"] for row in chunk])
         targets = self.encode([row["target_text"] for row in chunk])
         empty = np.array([self.pair_filter.is_empty(row["source_text"], row["target_text"]) for row in chunk])
         source_lengths = np.array([len(ids) for ids in sources])
         target_lengths = np.array([len(ids) for ids in targets])
-        kept = np.flatnonzero(~(empty | self.pair_filter.too_long(source_lengths, target_lengths)))
+        too_long = self.pair_filter.too_long(source_lengths, target_lengths) & ~empty
+        counts["pairs"] += len(chunk)
+        counts["empty"] += int(empty.sum())
+        counts["too_long"] += int(too_long.sum())
+        kept = np.flatnonzero(~(empty | too_long))
         if not len(kept):
             return
         order = kept[length_order(source_lengths[kept], target_lengths[kept])]
