@@ -1,7 +1,6 @@
 """Training checkpoints: written so that a crash cannot tear them, read back with the model and the tokenizer that
 travel inside, checked against the run that resumes them, and averaged (section 6.1 averages the last 5)."""
 
-import errno
 import os
 import pickle
 import shutil
@@ -21,7 +20,7 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
-from hf_transformer.errors import CheckpointError, CheckpointNotFound, DiskFull
+from hf_transformer.errors import CheckpointError, CheckpointNotFound, DiskFull, is_disk_full
 from hf_transformer.model.configuration_transformer import SHAPE_FIELDS
 
 MODEL_PREFIX = "model."
@@ -108,7 +107,7 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
                 os.fsync(file.fileno())
             os.replace(temporary, path)  # atomic within one filesystem, which a file beside the target guarantees
         except (OSError, RuntimeError) as error:
-            if _is_disk_full(error):
+            if is_disk_full(error):
                 raise DiskFull(
                     f"no space left on the disk of {path.parent} while writing {path.name} "
                     f"({shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB free there); the checkpoints written "
@@ -123,16 +122,6 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
             os.fsync(folder)  # the rename itself survives a power cut once the folder's entry is on disk
         finally:
             os.close(folder)
-
-
-def _is_disk_full(error: BaseException) -> bool:
-    """True when `error`, or one it arose from, is the OS saying the disk or the user's quota is full (torch reports
-    it as a RuntimeError of its zip writer, with the OSError only in the chain)."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

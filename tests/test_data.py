@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import unicodedata
 import warnings
 from collections import Counter
@@ -892,6 +893,79 @@ def test_a_damaged_or_binary_data_file_is_named_with_the_fix(tmp_path, name, con
     write_lines(tmp_path / "train.en", ["one", "two"])
     with pytest.raises(DataError, match=expected):
         local_module(tmp_path)
+
+
+def text_splits(folder: Path) -> Path:
+    """train/validation/test text files of `PAIRS`, one file per language."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, pairs in (("train", PAIRS * 4), ("validation", PAIRS), ("test", PAIRS)):
+        write_lines(folder / f"{split}.en", [source for source, _ in pairs])
+        write_lines(folder / f"{split}.de", [target for _, target in pairs])
+    return folder
+
+
+def training_ids(dm: TranslationDataModule) -> list:
+    return sorted(str(batch["input_ids"].tolist()) for batch in dm.train_dataloader())
+
+
+def test_a_damaged_datasets_cache_is_built_again_saying_which(tmp_path):
+    """Arrow files of the datasets cache cut short (a copy or a disk that filled): the next run ended in a 55-line
+    pyarrow OSError ("Expected to be able to read ... bytes") that named neither the file nor the fix. Each damaged
+    cache, of a tokenized split (`cache-*.arrow`) or of a file read (`text-train.arrow`), is built again, with a
+    warning naming it, and the data is as before."""
+    data = text_splits(tmp_path / "data")
+    settings = {"tokenizer_dir": str(tmp_path / "tokenizer")}
+    before = local_module(data, **settings)
+    expected = training_ids(before), pairs_of(before, "test")
+    del before  # its files are memory-mapped: cut short below, they would read as zeros
+    for damaged, named in (
+        ("cache-*.arrow", {f"split {split!r}, tokenized" for split in ("train", "validation", "test")}),
+        ("text-train.arrow", {str(data / f"{split}.{lang}") for split in ("train", "test") for lang in ("en", "de")}),
+    ):
+        for path in (tmp_path / "hf_datasets").rglob(damaged):
+            os.truncate(path, path.stat().st_size // 2)
+        with pytest.warns(
+            UserWarning, match=r"its copy in the datasets cache was damaged \(.*\); built it again"
+        ) as warned:
+            after = local_module(data, **settings)
+        assert named <= {str(warning.message).split(":")[0] for warning in warned}
+        assert (training_ids(after), pairs_of(after, "test")) == expected
+
+
+def test_a_datasets_cache_or_tokenizer_folder_that_cannot_be_written_is_named_before_any_work(tmp_path, monkeypatch):
+    """HF_DATASETS_CACHE naming a file (or on a read-only disk) ended in a traceback from inside `datasets`; a tokenizer
+    folder there, in one from the tokenizer folder's mkdir."""
+    data = text_splits(tmp_path / "data")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "file" / "cache")
+    with pytest.raises(DataError) as refused:
+        local_module(data)
+    assert str(refused.value) == (
+        f"the datasets cache {tmp_path}/file/cache (HF_DATASETS_CACHE) cannot be written: {tmp_path}/file is not a "
+        "folder. Set HF_DATASETS_CACHE to a folder you can write to: the data read and tokenized is kept there"
+    )
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    with pytest.raises(DataError, match=rf"^data.tokenizer_dir {tmp_path}/file/tok: cannot write there \("):
+        local_module(data, tokenizer_dir=str(tmp_path / "file" / "tok"))
+    if os.geteuid() == 0:
+        pytest.skip("root writes into a read-only folder: the folder under a file above is the case that runs")
+    (tmp_path / "locked").mkdir(mode=0o555)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "locked" / "cache")
+    with pytest.raises(DataError, match=f"cannot be written: no permission to write into {tmp_path}/locked"):
+        local_module(data)
+
+
+def test_the_temporary_files_of_a_killed_tokenization_are_removed(tmp_path):
+    """`datasets` writes a cache into a temporary file beside it (`tmp` and 8 characters) and renames it when done: a
+    kill -9 during the tokenization left that file, as large as the cache it was writing, and nothing removed it."""
+    data = text_splits(tmp_path / "data")
+    dm = local_module(data)
+    folder = Path(dm.raw_pairs("train").cache_files[0]["filename"]).parent
+    with tempfile.NamedTemporaryFile("wb", dir=folder, delete=False) as left:  # as `datasets` names it
+        left.write(b"\0" * 1000)
+    (folder / "notes.txt").write_text("not ours")
+    local_module(data)
+    assert not Path(left.name).exists() and (folder / "notes.txt").exists()
 
 
 def test_missing_field_names_row_and_language(tmp_path):

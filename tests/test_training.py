@@ -1112,6 +1112,30 @@ def test_a_full_disk_stops_the_run_with_one_line(run_dir, capsys):
     assert not list(folder.glob("*.ckpt"))
 
 
+@pytest.mark.parametrize(
+    ("setting", "where"),
+    [
+        ("trainer.default_root_dir", "under a file"),
+        ("checkpoint.dirpath", "under a file"),
+        ("trainer.default_root_dir", "read-only"),
+    ],
+)
+def test_a_run_folder_that_cannot_be_written_is_one_line_before_any_work(run_dir, capsys, setting, where):
+    """`fit` into a folder on a read-only disk ended, once the data was read, in a 60-line traceback from the mkdir of
+    the tokenizer's folder (the checkpoint folder's, with a tokenizer given)."""
+    if where == "read-only":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a read-only folder: the folders under a file are the cases that run")
+        (run_dir / "locked").mkdir(mode=0o555)
+        folder, reason = "locked/run", f"no permission to write into {run_dir}/locked"
+    else:
+        (run_dir / "file").write_text("")
+        folder, reason = "file/run", f"{run_dir}/file is not a folder"
+    message = error_line(capsys, "fit", "--config", str(DEMO), "--config", "tiny.yaml", f"--{setting}={folder}")
+    assert message.endswith(f"error: {setting} {folder}: cannot write there ({reason}). Give a folder you can write to")
+    assert not (run_dir / "runs").exists()
+
+
 def test_a_yaml_mistake_names_its_file_and_line(run_dir, capsys):
     (run_dir / "mine.yaml").write_text("trainer:\n  max_steps: [3\n")
     for option in (["--config", "mine.yaml"], ["--config=mine.yaml"]):

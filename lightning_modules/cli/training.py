@@ -29,7 +29,13 @@ from ..module import (
     check_resumable,
     model_config,
 )
-from .checks import check_config_files, check_devices, check_last_checkpoint, check_model_source
+from .checks import (
+    check_config_files,
+    check_devices,
+    check_last_checkpoint,
+    check_model_source,
+    check_output_folders,
+)
 
 
 def _is_not_an_advertisement(record: logging.LogRecord) -> bool:
@@ -173,6 +179,7 @@ class TranslationCLI(LightningCLI):
         if self.subcommand:
             check_model_source(self.subcommand, config.ckpt_path, config.model.init_from)
         place_in_run_folder(config)
+        check_output_folders(self.subcommand, config)
 
     def before_fit(self) -> None:
         check_last_checkpoint(self.subcommand, self.config_init[self.subcommand].ckpt_path, self.trainer)

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import datasets
 import lightning.pytorch as pl
 import numpy as np
 import pyarrow as pa
@@ -17,10 +18,10 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerFast
 
-from hf_transformer.errors import DataError
+from hf_transformer.errors import DataError, why_unwritable
 
 from .batching import ResumableDataLoader, TokenBudgetBatchSampler, TrainingPairFilter, TranslationCollator
-from .sources import ROWS_PER_CACHE_BATCH, check_source, load_split, to_pairs
+from .sources import ROWS_PER_CACHE_BATCH, check_source, load_split, rebuilt_if_damaged, to_pairs, writing_cache_of
 from .streaming import StreamLoader, TokenBudgetStream, stream_split
 from .synthetic import SOURCE_LANG, TARGET_LANG, synthetic_splits
 from .tokenization import (
@@ -167,6 +168,12 @@ class TranslationDataModule(pl.LightningDataModule):
             raise DataError(f"source_lang and target_lang are both {source_lang!r}: choose two different languages")
         if dataset != "synthetic":
             check_source(dataset)
+            if (reason := why_unwritable(datasets.config.HF_DATASETS_CACHE)) is not None:
+                raise DataError(
+                    f"the datasets cache {datasets.config.HF_DATASETS_CACHE} (HF_DATASETS_CACHE) cannot be written: "
+                    f"{reason}. Set HF_DATASETS_CACHE to a folder you can write to: the data read and tokenized is "
+                    "kept there"
+                )
         elif streaming:
             raise DataError(
                 "data.streaming reads a dataset of files or of the Hub; the synthetic task is made in memory: set "
@@ -174,6 +181,11 @@ class TranslationDataModule(pl.LightningDataModule):
             )
         if not 0 <= bpe_dropout < 1:
             raise DataError(f"data.bpe_dropout={bpe_dropout} is not a probability in [0, 1): use e.g. 0.1 (0: off)")
+        if tokenizer is None and tokenizer_dir is not None and (reason := why_unwritable(tokenizer_dir)) is not None:
+            raise DataError(
+                f"data.tokenizer_dir {tokenizer_dir}: cannot write there ({reason}). Give a folder you can write to "
+                "(or a tokenizer to load, data.tokenizer)"
+            )
         if bpe_dropout and not streaming:
             raise DataError(
                 f"data.bpe_dropout={bpe_dropout} segments the training pairs anew on each pass and plans the batches "
@@ -308,7 +320,8 @@ class TranslationDataModule(pl.LightningDataModule):
         for role in self._prepared_roles(stage):
             pairs = self.raw_pairs(self._split_name(role))
             if pairs.cache_files:  # in memory (the synthetic task), there would be nothing to share
-                self._tokenize(pairs, keep_text=role != "train")
+                with writing_cache_of(pairs):
+                    self._tokenize(self._split_name(role), pairs, keep_text=role != "train")
 
     def _prepared_roles(self, stage: str | None) -> tuple[str, ...]:
         """The splits a stage tokenizes ahead: all it uses, but a streamed training split."""
@@ -341,14 +354,20 @@ class TranslationDataModule(pl.LightningDataModule):
             split = self._split_name(role)
             pairs = self.raw_pairs(split)
             rank_zero_info(f"{role} split {split!r}: tokenizing {len(pairs):,} pairs")
-            encoded = self._tokenize(pairs, keep_text=role != "train")
-            self._prepared[role] = self._filter(role, split, encoded)
+            with writing_cache_of(pairs):
+                encoded = self._tokenize(split, pairs, keep_text=role != "train")
+                self._prepared[role] = self._filter(role, split, encoded)
         return self._prepared[role]
 
-    def _tokenize(self, pairs: Dataset, keep_text: bool) -> Dataset:
-        """Token ids, lengths and an emptiness flag per pair; cached by `datasets` under the tokenizer's hash. The
-        text stays (`keep_text`) where translations are scored against it, evaluation; training needs the ids only,
-        and its cache is half the size without the text."""
+    def _tokenize(self, split: str, pairs: Dataset, keep_text: bool) -> Dataset:
+        """Token ids, lengths and an emptiness flag per pair; cached by `datasets` under the tokenizer's hash (built
+        again where that cache is damaged). The text stays (`keep_text`) where translations are scored against it,
+        evaluation; training needs the ids only, and its cache is half the size without the text."""
+        return rebuilt_if_damaged(
+            functools.partial(self._tokenize_pairs, pairs, keep_text), f"split {split!r}, tokenized"
+        )
+
+    def _tokenize_pairs(self, pairs: Dataset, keep_text: bool, rebuild: bool) -> Dataset:
         num_proc = min(self.hparams.num_workers, len(pairs) // _ROWS_PER_TOKENIZER_PROCESS)
         return pairs.map(
             _encode_pairs,
@@ -364,6 +383,7 @@ class TranslationDataModule(pl.LightningDataModule):
             writer_batch_size=ROWS_PER_CACHE_BATCH,
             remove_columns=None if keep_text else ["source_text", "target_text"],
             features=_ENCODED_FEATURES if keep_text else _ENCODED_IDS_FEATURES,
+            load_from_cache_file=not rebuild,
             desc="Tokenizing",
         )
 

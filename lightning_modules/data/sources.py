@@ -11,19 +11,31 @@ import csv
 import gzip
 import io
 import re
+import shutil
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
+import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from datasets import Dataset, Features, Translation, Value, concatenate_datasets, load_dataset
+from datasets import (
+    Dataset,
+    DatasetDict,
+    DownloadMode,
+    Features,
+    Translation,
+    Value,
+    concatenate_datasets,
+    load_dataset,
+)
 from datasets.exceptions import DatasetGenerationError
 from datasets.fingerprint import Hasher
-from lightning.pytorch.utilities import rank_zero_info
+from filelock import FileLock
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from hf_transformer.errors import DataError, UserError
 
@@ -41,6 +53,8 @@ _TEXT_FEATURES = Features({"text": Value("string")})
 # The UTF-8 byte-order mark that some editors (Windows Notepad, Excel) write at the start of a file.
 _BYTE_ORDER_MARK = codecs.BOM_UTF8.decode()
 _LONE_CARRIAGE_RETURN = re.compile(rb"\r(?!\n)")
+# The name of the temporary file that `datasets` writes a cache file into (`tempfile.NamedTemporaryFile`'s).
+_LEFT_BY_A_KILLED_WRITE = re.compile(r"tmp[a-z0-9_]{8}")
 # The first bytes of a file in which a NUL byte marks binary data (git reads as many).
 _BINARY_CHECK_BYTES = 8000
 # What reading a .gz file that is cut short, damaged or no gzip data raises.
@@ -53,6 +67,10 @@ ROWS_PER_CACHE_BATCH = 10_000
 # The names a local folder may give the splits that Hub datasets call `validation` and `test`: a corpus's own words,
 # and Multi30k's raw release (`val`, and `test_2016_flickr`, the test set that its Hub copies call `test`).
 SPLIT_SYNONYMS = {"validation": ("val", "valid", "dev"), "test": ("test_2016_flickr",)}
+# What `load_dataset` does to build a dataset whose cache is damaged: generate it again from the data files (or the
+# downloads of a Hub dataset) that the cache holds.
+_REBUILD = DownloadMode.REUSE_CACHE_IF_EXISTS
+CachedData = TypeVar("CachedData", Dataset, DatasetDict)
 # The fix for a language not in the data: the data module fields that name languages.
 _CHOOSE_LANGUAGES = "Choose data.source_lang and data.target_lang among them"
 
@@ -187,13 +205,21 @@ def _read_lines(path: Path) -> Dataset:
     if not _has_lone_carriage_return(path):
         return _without_byte_order_marks(path, _load_dataset_file("text", path, features=_TEXT_FEATURES))
     status = path.stat()
-    return Dataset.from_generator(
-        _text_rows,
-        features=_TEXT_FEATURES,
-        gen_kwargs={"path": str(path)},
-        fingerprint=Hasher.hash([_text_rows, str(path.resolve()), status.st_size, status.st_mtime_ns]),
-        writer_batch_size=ROWS_PER_CACHE_BATCH,
-    )
+    fingerprint = Hasher.hash([_text_rows, str(path.resolve()), status.st_size, status.st_mtime_ns])
+
+    def read(rebuild: bool) -> Dataset:
+        if rebuild:  # `from_generator` reuses what its cache holds: remove it (its folder is named by the fingerprint)
+            for folder in Path(datasets.config.HF_DATASETS_CACHE).glob(f"generator/default-fingerprint={fingerprint}"):
+                shutil.rmtree(folder)
+        return Dataset.from_generator(
+            _text_rows,
+            features=_TEXT_FEATURES,
+            gen_kwargs={"path": str(path)},
+            fingerprint=fingerprint,
+            writer_batch_size=ROWS_PER_CACHE_BATCH,
+        )
+
+    return rebuilt_if_damaged(read, str(path))
 
 
 def _has_lone_carriage_return(path: Path) -> bool:
@@ -214,13 +240,21 @@ def _without_byte_order_marks(path: Path, lines: Dataset) -> Dataset:
     with _open_binary(path) as file:
         if file.read(len(codecs.BOM_UTF8)) != codecs.BOM_UTF8:
             return lines
-    return lines.map(
-        lambda batch: {"text": [line.removeprefix(_BYTE_ORDER_MARK) for line in batch["text"]]},
-        batched=True,
-        batch_size=ROWS_PER_CACHE_BATCH,  # a batched map writes a record batch per batch it maps
-        writer_batch_size=ROWS_PER_CACHE_BATCH,
-        desc="Removing the byte-order mark",
+    return rebuilt_if_damaged(
+        lambda rebuild: lines.map(
+            _without_byte_order_mark,
+            batched=True,
+            batch_size=ROWS_PER_CACHE_BATCH,  # a batched map writes a record batch per batch it maps
+            writer_batch_size=ROWS_PER_CACHE_BATCH,
+            load_from_cache_file=not rebuild,
+            desc="Removing the byte-order mark",
+        ),
+        str(path),
     )
+
+
+def _without_byte_order_mark(batch: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {"text": [line.removeprefix(_BYTE_ORDER_MARK) for line in batch["text"]]}
 
 
 def _text_rows(path: str) -> Iterator[dict[str, str]]:
@@ -261,7 +295,35 @@ def _load_table_file(path: Path, source_lang: str, target_lang: str) -> Dataset:
 
 
 def _load_dataset_file(builder: str, path: Path, **options) -> Dataset:
-    return load_dataset(builder, data_files=str(path), split="train", writer_batch_size=ROWS_PER_CACHE_BATCH, **options)
+    return rebuilt_if_damaged(
+        lambda rebuild: load_dataset(
+            builder,
+            data_files=str(path),
+            split="train",
+            writer_batch_size=ROWS_PER_CACHE_BATCH,
+            download_mode=_REBUILD if rebuild else None,
+            **options,
+        ),
+        str(path),
+    )
+
+
+def rebuilt_if_damaged(load: Callable[[bool], CachedData], what: str) -> CachedData:
+    """`load(False)`, which reads `what` from the `datasets` cache where it holds it; where a file of that cache cannot
+    be read (a copy or a disk cut it short: pyarrow raised its ArrowInvalid, or its OSError, which has no errno where
+    the OS's own errors have one), `load(True)`, which builds it again in its place, and a warning naming the cache. A
+    data file that cannot be read fails the second time too, with its own error."""
+    try:
+        return load(False)
+    except (pa.ArrowInvalid, OSError) as error:
+        if isinstance(error, OSError) and (type(error) is not OSError or error.errno is not None):
+            raise
+        damaged = error
+    rebuilt = load(True)
+    data = next(iter(rebuilt.values())) if isinstance(rebuilt, DatasetDict) else rebuilt
+    where = Path(data.cache_files[0]["filename"]).parent if data.cache_files else "memory"
+    rank_zero_warn(f"{what}: its copy in the datasets cache was damaged ({damaged}); built it again in {where}")
+    return rebuilt
 
 
 def _read_file(path: Path, builder: str, read: Callable[[], Dataset]) -> Dataset:
@@ -318,11 +380,33 @@ def named_read_errors(path: Path, builder: str) -> Iterator[None]:
         ) from error
 
 
+@contextmanager
+def writing_cache_of(data: Dataset) -> Iterator[None]:
+    """Around `datasets` writing new cache files beside those of `data` (a map, a selection): one process of this
+    package at a time (a lock in that folder), and none of the temporary files that such a write left behind when its
+    process was killed (`tmp` and 8 characters, a `NamedTemporaryFile`, renamed into place when complete): while the
+    lock is held, no other process of ours is writing one, and nothing else reads them."""
+    if not data.cache_files:  # in memory: nothing is written
+        yield
+        return
+    folder = Path(data.cache_files[0]["filename"]).parent
+    with FileLock(folder / ".hf_transformer-writing.lock"):
+        for path in folder.iterdir():
+            if _LEFT_BY_A_KILLED_WRITE.fullmatch(path.name) and path.is_file():
+                path.unlink(missing_ok=True)
+        yield
+
+
 def _load_with_datasets(dataset: str, config: str | None, split: str, source_lang: str, target_lang: str) -> Dataset:
     """A Hub dataset (or a local folder in a layout `datasets` infers splits from)."""
     origin = f"dataset {dataset!r}" + (f" (config {config!r})" if config else "")
     try:
-        splits = load_dataset(dataset, config, writer_batch_size=ROWS_PER_CACHE_BATCH)
+        splits = rebuilt_if_damaged(
+            lambda rebuild: load_dataset(
+                dataset, config, writer_batch_size=ROWS_PER_CACHE_BATCH, download_mode=_REBUILD if rebuild else None
+            ),
+            origin,
+        )
     except Exception as error:  # datasets raises many types here; each means the same to the user
         raise DataError(
             f"could not load {origin}: not 'synthetic', not a file, not a folder with {split}.<lang>[.gz] or "
