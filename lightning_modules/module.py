@@ -27,7 +27,7 @@ from .callbacks.progress import telling_samples
 from .callbacks.resume import ExactResume
 from .checkpoint import check_same_model, tokenizer_from_checkpoint, tokenizer_state
 from .data.tokenization import model_vocabulary
-from .rdrop import rdrop_loss
+from .rdrop import check_rdrop_has_dropout, rdrop_loss
 from .schedules import inverse_sqrt_lr_lambda, noam_lr_lambda, with_cooldown
 
 # The logged name of each score of `hf_transformer.scoring` that a test logs.
@@ -148,7 +148,9 @@ def check_module_arguments(arguments: dict[str, Any]) -> None:
     """Everything `TranslationModule` checks before building anything, from its arguments alone: the training settings
     and the model config. Raises `ConfigError` naming the setting."""
     check_training_settings(arguments)
-    model_config(arguments["preset"], arguments["config"], arguments["init_from"])
+    check_rdrop_has_dropout(
+        arguments["rdrop_alpha"], model_config(arguments["preset"], arguments["config"], arguments["init_from"])
+    )
 
 
 class TrainingLoss(NamedTuple):
@@ -224,6 +226,7 @@ class TranslationModule(pl.LightningModule):
                     f"data module's tokenizer has {vocabulary['vocab_size']}: set data.tokenizer to the model's "
                     f"tokenizer ({init_from})."
                 )
+        check_rdrop_has_dropout(rdrop_alpha, self.model.config)
         unknown = self.model.generation_config.update(**(generation or {}))
         if unknown:
             raise ConfigError(f"model.generation: {sorted(unknown)} are not GenerationConfig fields")

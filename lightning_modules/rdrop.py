@@ -12,7 +12,23 @@ from typing import NamedTuple
 
 import torch
 
+from hf_transformer import TransformerConfig
+from hf_transformer.errors import ConfigError
 from hf_transformer.model.loss import IGNORE_INDEX, logits_chunks, projection_dtype
+
+# The model's dropouts: R-Drop compares the outputs of two masks of them.
+DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")
+
+
+def check_rdrop_has_dropout(rdrop_alpha: float, config: TransformerConfig) -> None:
+    """Refuse R-Drop on a model without dropout: its two copies of a pair would be one and the same computation, so
+    each step would run every pair twice for a divergence that is always 0."""
+    if rdrop_alpha and not any(getattr(config, name) for name in DROPOUTS):
+        raise ConfigError(
+            f"model.rdrop_alpha={rdrop_alpha} compares the outputs of two dropout masks, but every dropout of the "
+            f"model is 0 ({', '.join(f'model.config.{name}' for name in DROPOUTS)}): each step would run every pair "
+            "twice for a divergence that is always 0. Set model.rdrop_alpha to 0, or a dropout above 0"
+        )
 
 
 def _rdrop_loss(

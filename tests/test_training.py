@@ -71,6 +71,25 @@ def test_rdrop_logs_its_divergence_beside_the_loss(run_dir):
     assert "train/rdrop_divergence" not in plain.read_text()
 
 
+def test_rdrop_without_dropout_is_refused_before_any_work(run_dir, capsys):
+    """Every dropout at 0: R-Drop ran each pair twice per step for a divergence that was always 0."""
+    from conftest import tiny_module
+
+    from hf_transformer.errors import ConfigError
+
+    args = ["--config", str(DEMO), "--config", "tiny.yaml", "--model.rdrop_alpha=5", "--model.config.dropout=0"]
+    assert error_line(capsys, "fit", *args) == (
+        "hf-transformer fit: error: model.rdrop_alpha=5.0 compares the outputs of two dropout masks, but every dropout "
+        "of the model is 0 (model.config.dropout, model.config.attention_dropout, model.config.activation_dropout): "
+        "each step would run every pair twice for a divergence that is always 0. Set model.rdrop_alpha to 0, or a "
+        "dropout above 0"
+    )
+    assert not (run_dir / "runs").exists()
+    with pytest.raises(ConfigError, match="model.rdrop_alpha=1 compares the outputs of two dropout masks"):
+        tiny_module(config={"dropout": 0.0}, rdrop_alpha=1)
+    tiny_module(config={"dropout": 0.0, "attention_dropout": 0.1}, rdrop_alpha=1)  # one dropout is enough
+
+
 def test_noam_schedule_is_the_papers_formula():
     lr = noam_lr_lambda(d_model=512, warmup_steps=4000)
     for step in (1, 100, 3999, 4000, 4001, 100_000):
