@@ -15,6 +15,7 @@ import lightning.pytorch as pl
 import torch
 from filelock import FileLock, Timeout
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from hf_transformer.errors import DiskFull, EarlierRunFound, FolderInUse
@@ -152,6 +153,8 @@ class ResumableCheckpoint(ModelCheckpoint):
                 "moving that folder away, or write this run elsewhere (dirpath of the checkpoint callback in your "
                 "config)."
             )
+        if self._dropped:
+            self._warn_of_dropped(trainer)
         for path in self._dropped:
             self._remove_checkpoint(trainer, path)
         self._dropped = []
@@ -248,6 +251,16 @@ class ResumableCheckpoint(ModelCheckpoint):
         self.best_k_models = {path: self.best_k_models[path] for path in ranked[: self.save_top_k]}
         self.kth_best_model_path = ranked[self.save_top_k - 1]
         self.kth_value = self.best_k_models[self.kth_best_model_path]
+
+    def _warn_of_dropped(self, trainer: pl.Trainer) -> None:
+        """Say which checkpoints a smaller save_top_k deletes: `export --average N` needs N of them."""
+        kept, names = self.save_top_k + len(self._dropped), sorted(Path(path).name for path in self._dropped)
+        rank_zero_warn(
+            f"checkpoint.save_top_k={self.save_top_k}: deleting {', '.join(names)} "
+            f"of the {kept} checkpoints this run kept in {relative_to_cwd(Path(self.dirpath))}; from now on it keeps "
+            f"{self.save_top_k}, and `hf-transformer export --average` averages at most {self.save_top_k}. Resume with "
+            f"--checkpoint.save_top_k={kept} to keep them"
+        )
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._release_ctrl_c()
