@@ -11,6 +11,7 @@ import lightning.pytorch as pl
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import torch
 import torch.distributed as dist
 from datasets import Dataset, Features, IterableDataset, List, Value
 from filelock import FileLock
@@ -536,6 +537,10 @@ class TranslationDataModule(pl.LightningDataModule):
         workers = self.hparams.num_workers
         batch_sampler = self._batch_sampler(role, max_tokens, shuffle)
         self._check_batch_limit(role, batch_sampler)
+        # An iterator of a DataLoader without a generator of its own draws its workers' seed from the global RNG, the
+        # model's: a validation would shift the dropout masks of the steps after it, which a run resumed from that
+        # step's checkpoint, which does not validate it again, would not draw. (ResumableDataLoader has its own.)
+        own_generator = {} if issubclass(loader_class, ResumableDataLoader) else {"generator": torch.Generator()}
         return loader_class(
             self._prepare(role)[0],
             batch_sampler=batch_sampler,
@@ -543,6 +548,7 @@ class TranslationDataModule(pl.LightningDataModule):
             num_workers=workers,
             persistent_workers=workers > 0,
             worker_init_fn=_leave_ctrl_c_to_the_main_process,
+            **own_generator,
         )
 
     def _check_batch_limit(self, role: str, batch_sampler: TokenBudgetBatchSampler) -> None:
