@@ -28,8 +28,9 @@ MODEL_PREFIX = "model."
 RUN_ID = "run_id"
 
 
-# What torch.load raises on a file that is truncated, overwritten or no checkpoint at all.
-UNREADABLE = (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError)
+# What torch.load raises on a file that is truncated, overwritten or no checkpoint at all (a text file read as a
+# pickle: a KeyError or an IndexError of its memo).
+UNREADABLE = (OSError, EOFError, RuntimeError, ValueError, KeyError, IndexError, TypeError, pickle.UnpicklingError)
 
 
 def every_rank(state: dict[str, Any]) -> dict[str, Any]:
@@ -53,8 +54,12 @@ def this_ranks(saved: dict[str, Any]) -> dict[str, Any]:
 
 
 def unreadable_checkpoint(path: str | Path, error: Exception) -> CheckpointError:
+    # torch's error for a pickled object other than tensors and plain values is a page on `weights_only` and how to
+    # allow the object: only its one line that says what the file holds is the reason here.
+    reason = str(error).split("WeightsUnpickler error: ", 1)[-1].split(". Please use", 1)[0].strip()
+    reason = reason.splitlines()[0] if reason else ""
     return CheckpointError(
-        f"{path} is not a readable checkpoint ({type(error).__name__}: {error}): it is truncated, corrupt or no "
+        f"{path} is not a readable checkpoint ({type(error).__name__}: {reason}): it is truncated, corrupt or no "
         "checkpoint at all (a crash during its write, before checkpoints were written atomically, or a copy cut short "
         "leaves such a file). Use another checkpoint of its folder."
     )

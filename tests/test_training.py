@@ -763,6 +763,22 @@ def test_a_torn_checkpoint_is_skipped_by_averaging_and_named_by_export_and_resum
         fit("--trainer.max_steps=12", f"--ckpt_path={torn}")
 
 
+@pytest.mark.parametrize(
+    ("kind", "reason"), [("pickled object", "UnpicklingError: Unsupported global"), ("text", "KeyError")]
+)
+def test_a_file_that_is_no_checkpoint_is_named_in_one_line(run_dir, capsys, kind, reason):
+    """A pickled object's refusal embedded torch's page on `weights_only` (and how to allow the object) in the
+    message; a text file ended in a KeyError traceback from inside the unpickler."""
+    path = run_dir / "not.ckpt"
+    if kind == "text":
+        path.write_text("hello\n")
+    else:
+        torch.save({"state": SimpleNamespace(step=1)}, path)
+    message = error_line(capsys, "export", str(path), "exported")
+    assert message.startswith(f"hf-transformer export: error: {path} is not a readable checkpoint ({reason}")
+    assert message.endswith("Use another checkpoint of its folder.") and "weights_only" not in message
+
+
 def test_export_says_which_steps_it_averaged_and_warns_when_they_span_most_of_the_run(run_dir, capsys):
     fit("--trainer.max_steps=9")
     main(["export", "runs/demo/checkpoints", "averaged", "--average", "3"])
