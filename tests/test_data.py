@@ -1,6 +1,7 @@
 """TranslationDataModule on the synthetic task, on local files of each layout and, via MULTI30K_DIR, on Multi30k."""
 
 import csv
+import errno
 import gzip
 import json
 import logging
@@ -26,7 +27,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 import lightning_modules.data.datamodule as datamodule_module
-from hf_transformer.errors import DataError
+from hf_transformer.errors import DataError, DiskFull
 from lightning_modules import TranslationDataModule
 from lightning_modules.data.batching import padding_efficiency
 from lightning_modules.data.sources import load_split
@@ -966,6 +967,29 @@ def test_the_temporary_files_of_a_killed_tokenization_are_removed(tmp_path):
     (folder / "notes.txt").write_text("not ours")
     local_module(data)
     assert not Path(left.name).exists() and (folder / "notes.txt").exists()
+
+
+def test_a_full_disk_under_the_datasets_cache_is_one_line_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """The tokenization onto a full disk ended in a traceback and left `datasets`' temporary file behind; reading a
+    file into the cache said "could not read" the data file."""
+    data = text_splits(tmp_path / "data")
+    local_module(data, tokenizer_dir=str(tmp_path / "tokenizer"))
+    for tokenized in (tmp_path / "hf_datasets").rglob("cache-*.arrow"):  # the splits read stay: tokenize again
+        tokenized.unlink()
+    written = datasets.arrow_writer.ArrowWriter.write_batch
+
+    def full(self, *args, **kwargs):
+        written(self, *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(datasets.arrow_writer.ArrowWriter, "write_batch", full)
+    with pytest.raises(DiskFull) as full_disk:
+        local_module(data, tokenizer_dir=str(tmp_path / "tokenizer"))
+    assert str(full_disk.value).startswith(
+        f"no space left on the disk of the datasets cache {tmp_path / 'hf_datasets'} (HF_DATASETS_CACHE) while "
+        "writing split 'train', tokenized there ("
+    )
+    assert not [path for path in (tmp_path / "hf_datasets").rglob("tmp*") if path.is_file()]
 
 
 def test_missing_field_names_row_and_language(tmp_path):

@@ -37,7 +37,7 @@ from datasets.fingerprint import Hasher
 from filelock import FileLock
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from hf_transformer.errors import DataError, UserError
+from hf_transformer.errors import DataError, DiskFull, UserError, is_disk_full
 
 # Builder name and options per file extension. csv/tsv: every field is text ("NA", "null" and blank lines included).
 _TEXT_CSV_OPTIONS = {"keep_default_na": False, "na_filter": False, "skip_blank_lines": False}
@@ -312,18 +312,37 @@ def rebuilt_if_damaged(load: Callable[[bool], CachedData], what: str) -> CachedD
     """`load(False)`, which reads `what` from the `datasets` cache where it holds it; where a file of that cache cannot
     be read (a copy or a disk cut it short: pyarrow raised its ArrowInvalid, or its OSError, which has no errno where
     the OS's own errors have one), `load(True)`, which builds it again in its place, and a warning naming the cache. A
-    data file that cannot be read fails the second time too, with its own error."""
-    try:
-        return load(False)
-    except (pa.ArrowInvalid, OSError) as error:
-        if isinstance(error, OSError) and (type(error) is not OSError or error.errno is not None):
-            raise
-        damaged = error
-    rebuilt = load(True)
+    data file that cannot be read fails the second time too, with its own error; a full disk is a `DiskFull` naming
+    the cache."""
+    with _disk_full_named(what):
+        try:
+            return load(False)
+        except (pa.ArrowInvalid, OSError) as error:
+            if isinstance(error, OSError) and (type(error) is not OSError or error.errno is not None):
+                raise
+            damaged = error
+        rebuilt = load(True)
     data = next(iter(rebuilt.values())) if isinstance(rebuilt, DatasetDict) else rebuilt
     where = Path(data.cache_files[0]["filename"]).parent if data.cache_files else "memory"
     rank_zero_warn(f"{what}: its copy in the datasets cache was damaged ({damaged}); built it again in {where}")
     return rebuilt
+
+
+@contextmanager
+def _disk_full_named(what: str) -> Iterator[None]:
+    """A full disk while `datasets` writes `what` into its cache, as one error naming the cache and the fix (it said
+    "could not read" the data file, or ended in a traceback)."""
+    try:
+        yield
+    except Exception as error:
+        if not is_disk_full(error):
+            raise
+        cache = Path(datasets.config.HF_DATASETS_CACHE)
+        free = shutil.disk_usage(cache if cache.is_dir() else cache.parent).free / 2**20
+        raise DiskFull(
+            f"no space left on the disk of the datasets cache {cache} (HF_DATASETS_CACHE) while writing {what} there "
+            f"({free:,.0f} MiB free): free space there, or set HF_DATASETS_CACHE to a folder on another disk"
+        ) from error
 
 
 def _read_file(path: Path, builder: str, read: Callable[[], Dataset]) -> Dataset:
@@ -384,17 +403,24 @@ def named_read_errors(path: Path, builder: str) -> Iterator[None]:
 def writing_cache_of(data: Dataset) -> Iterator[None]:
     """Around `datasets` writing new cache files beside those of `data` (a map, a selection): one process of this
     package at a time (a lock in that folder), and none of the temporary files that such a write left behind when its
-    process was killed (`tmp` and 8 characters, a `NamedTemporaryFile`, renamed into place when complete): while the
-    lock is held, no other process of ours is writing one, and nothing else reads them."""
+    process was killed or its disk was full (`tmp` and 8 characters, a `NamedTemporaryFile`, renamed into place when
+    complete): while the lock is held, no other process of ours is writing one, and nothing else reads them."""
     if not data.cache_files:  # in memory: nothing is written
         yield
         return
     folder = Path(data.cache_files[0]["filename"]).parent
     with FileLock(folder / ".hf_transformer-writing.lock"):
-        for path in folder.iterdir():
-            if _LEFT_BY_A_KILLED_WRITE.fullmatch(path.name) and path.is_file():
-                path.unlink(missing_ok=True)
-        yield
+        _remove_temporary_files(folder)
+        try:
+            yield
+        finally:  # a write that failed (a full disk) leaves its temporary file too
+            _remove_temporary_files(folder)
+
+
+def _remove_temporary_files(folder: Path) -> None:
+    for path in folder.iterdir():
+        if _LEFT_BY_A_KILLED_WRITE.fullmatch(path.name) and path.is_file():
+            path.unlink(missing_ok=True)
 
 
 def _load_with_datasets(dataset: str, config: str | None, split: str, source_lang: str, target_lang: str) -> Dataset:
