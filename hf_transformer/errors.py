@@ -81,6 +81,6 @@ def why_unwritable(folder: str | Path) -> str | None:
         existing = existing.parent
     if os.access(existing, os.W_OK | os.X_OK):
         return None
-    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+    if hasattr(os, "statvfs") and os.statvfs(existing).f_flag & os.ST_RDONLY:  # not on Windows
         return f"{existing} is on a read-only file system"
     return f"no permission to write into {existing}"
