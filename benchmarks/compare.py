@@ -15,6 +15,7 @@ far the choice carries.
 import argparse
 import json
 from pathlib import Path
+from typing import NoReturn
 
 from multi30k import TRANSLATIONS, read_split
 
@@ -25,8 +26,23 @@ def translations(run: Path, model: str) -> dict[str, list[str]]:
     """The run's translations of each split by the model `model`, as quality.py kept them, or exit saying why not."""
     path = run / TRANSLATIONS
     if not path.is_file():
-        raise SystemExit(f"{path} does not exist: score the run with benchmarks/quality.py first, which writes it")
-    return json.loads(path.read_text())[model]
+        fail(f"{path} does not exist: score the run with benchmarks/quality.py first, which writes it")
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        fail(f"{path} is not readable JSON ({error}): it was cut short or damaged; score the run again with quality.py")
+    if not isinstance(kept, dict) or not isinstance(kept.get(model), dict):
+        held = ", ".join(kept) if isinstance(kept, dict) and kept else "none"
+        fail(
+            f"{path} holds no translations by the model {model!r} (--model; it holds: {held}): compare with --model "
+            "one it holds, or score the run again with quality.py"
+        )
+    return kept[model]
+
+
+def fail(message: str) -> NoReturn:
+    """Exit with status 1 and `message` as one line, as the project's commands do."""
+    raise SystemExit(f"compare.py: error: {message}")
 
 
 def main() -> None:
@@ -36,9 +52,20 @@ def main() -> None:
     parser.add_argument("--model", choices=["average", "last_checkpoint"], default="average")
     parser.add_argument("--resamples", type=int, default=1000)
     args = parser.parse_args()
+    if args.resamples < 1:
+        fail(f"--resamples {args.resamples}: draw at least 1 resample of the sentences (the default: 1000)")
     systems = [translations(run, args.model) for run in args.runs]
     baselines = [translations(run, args.model) for run in args.baseline]
     splits = [split for split in systems[0] if all(split in run for run in [*systems, *baselines])]
+    if not splits:
+        scored = "; ".join(
+            f"{run}: {', '.join(kept) or 'none'}"
+            for run, kept in zip([*args.runs, *args.baseline], [*systems, *baselines], strict=True)
+        )
+        fail(
+            f"nothing compared: no split was scored for every run ({scored}). Score them on the same data with "
+            "quality.py"
+        )
     print(f"{', '.join(map(str, args.runs))} against {', '.join(map(str, args.baseline))} ({args.model}, sacreBLEU)")
     for split in splits:
         # quality.py's --limit scores the first N sentences of a split: the references are those N.
@@ -48,7 +75,7 @@ def main() -> None:
                 [run[split] for run in systems], [run[split] for run in baselines], references, args.resamples
             )
         except ValueError as error:
-            raise SystemExit(f"{split}: {error} Score every run with the same --limit and data.") from None
+            fail(f"{split}: {error} Score every run with the same --limit and data.")
         low, high = comparison.difference_interval
         print(
             f"{split}: {comparison.system:.2f} against {comparison.baseline:.2f}: "

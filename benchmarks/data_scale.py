@@ -228,7 +228,7 @@ def tokenization(folder: str, work: str, pairs: int, rounds: int) -> dict:
                 encode(side[start : start + ROWS_PER_CACHE_BATCH])
 
     measured = {
-        "ours": lambda: data._tokenize(sample, keep_text=False),
+        "ours": lambda: data._tokenize("train", sample, keep_text=False),
         "encode_batch": lambda: library(tokenizer.encode_batch),
         "encode_batch_fast": lambda: library(tokenizer.encode_batch_fast),
     }

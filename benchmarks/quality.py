@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import yaml
 from machine import device_name
-from multi30k import TRANSLATIONS, read_split, test_splits
+from multi30k import TRANSLATIONS, multi30k_dir, read_split, test_splits
 from report import headline_recipe
 from transformers import PreTrainedTokenizerFast
 
@@ -168,6 +168,25 @@ def flat_settings(section: dict) -> dict:
 
 # The value of each option of 0.4 that an experimental class replaced, where it changed nothing.
 OFF = {"cooldown_steps": 0, "rdrop_alpha": 0.0, "bpe_dropout": 0.0}
+
+
+def check_multi30k_run(run: Path, checkpoint: dict) -> None:
+    """Refuse a run that was not trained on Multi30k en -> de, which this script scores (its entry would be titled so,
+    and its scores compared with those of Multi30k runs): its data is the `dataset` (a Hub id or a folder) and the
+    languages of its checkpoint's data module. Multi30k: a Hub copy of it, or a folder of its files (MULTI30K_DIR, or
+    one named after it)."""
+    data = checkpoint.get("datamodule_hyper_parameters") or flat_settings(run_settings(run).get("data") or {})
+    dataset, source, target = (data.get(key) for key in ("dataset", "source_lang", "target_lang"))
+    folder = Path(multi30k_dir()).resolve()
+    multi30k = dataset is not None and ("multi30k" in str(dataset).lower() or Path(dataset).resolve() == folder)
+    if not multi30k or (source, target) != ("en", "de"):
+        trained_on = f"{dataset} {source} -> {target}" if dataset is not None else "data its checkpoint does not name"
+        raise UserError(
+            f"{run} was trained on {trained_on}, but quality.py scores Multi30k en -> de runs (data.dataset "
+            f"{yaml.safe_load(RECIPE.read_text())['data']['dataset']} or a folder of Multi30k's files such as "
+            f"{folder}, data.source_lang en, data.target_lang de): give the folder of such a run, or score this one "
+            "with `hf-transformer test`"
+        )
 
 
 def model_changes(model: dict) -> list[str]:
@@ -346,6 +365,7 @@ def main() -> None:
     args = parser.parse_args()
     run = Path(args.run_dir)
     last = load_checkpoint(run / "checkpoints" / "last.ckpt")
+    check_multi30k_run(run, last)
 
     def val(checkpoint: dict) -> tuple[Translator, dict, dict]:
         """The checkpoint's model, built once for val and the test sets, and its decoding chosen on val."""

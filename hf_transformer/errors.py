@@ -1,4 +1,9 @@
-"""Errors the user can fix. The `hf-transformer` command prints their message alone, without a traceback."""
+"""Errors the user can fix, and the tests that tell them. The `hf-transformer` command prints their message alone,
+without a traceback."""
+
+import errno
+import os
+from pathlib import Path
 
 
 class UserError(ValueError):
@@ -51,3 +56,31 @@ class MissingExtra(UserError, ImportError):
 
 class ModelNotFound(UserError, FileNotFoundError):
     """A model that is no folder, file or Hub repository that can be read, or one of a kind that cannot be used."""
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+    """Whether `error`, or one it arose from, is the OS saying that the disk or the user's quota is full. torch reports
+    it as a RuntimeError of its zip writer and safetensors as a SafetensorError, with the OS's error only in the chain
+    or in the message ("os error 28")."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if f"os error {errno.ENOSPC})" in str(error) or f"os error {errno.EDQUOT})" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def why_unwritable(folder: str | Path) -> str | None:
+    """Why files could not be created in `folder` (made where missing, with its parents), or None where they could;
+    nothing is created to find out: a part of the path that is a file, a read-only file system, no permission."""
+    existing = Path(folder).absolute()
+    while not existing.is_dir():
+        if existing.exists() or existing.is_symlink():
+            return f"{existing} is not a folder"
+        existing = existing.parent
+    if os.access(existing, os.W_OK | os.X_OK):
+        return None
+    if hasattr(os, "statvfs") and os.statvfs(existing).f_flag & os.ST_RDONLY:  # not on Windows
+        return f"{existing} is on a read-only file system"
+    return f"no permission to write into {existing}"

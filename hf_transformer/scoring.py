@@ -153,6 +153,8 @@ def paired_bootstrap(
     interval (`sacrebleu_interval`) suggests, since the sentences that are hard for one system are hard for the other.
     """
     runs = [*systems, *baselines]
+    if resamples < 1:
+        raise ValueError(f"resamples={resamples}: a paired bootstrap draws at least 1 resample of the sentences")
     if not systems or not baselines or any(len(run) != len(references) for run in runs):
         raise ValueError(
             f"runs of {[len(run) for run in systems]} and {[len(run) for run in baselines]} translations for "

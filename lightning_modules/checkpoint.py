@@ -1,7 +1,6 @@
 """Training checkpoints: written so that a crash cannot tear them, read back with the model and the tokenizer that
 travel inside, checked against the run that resumes them, and averaged (section 6.1 averages the last 5)."""
 
-import errno
 import os
 import pickle
 import shutil
@@ -21,7 +20,7 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
-from hf_transformer.errors import CheckpointError, CheckpointNotFound, DiskFull
+from hf_transformer.errors import CheckpointError, CheckpointNotFound, DiskFull, is_disk_full
 from hf_transformer.model.configuration_transformer import SHAPE_FIELDS
 
 MODEL_PREFIX = "model."
@@ -29,8 +28,9 @@ MODEL_PREFIX = "model."
 RUN_ID = "run_id"
 
 
-# What torch.load raises on a file that is truncated, overwritten or no checkpoint at all.
-UNREADABLE = (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError)
+# What torch.load raises on a file that is truncated, overwritten or no checkpoint at all (a text file read as a
+# pickle: a KeyError or an IndexError of its memo).
+UNREADABLE = (OSError, EOFError, RuntimeError, ValueError, KeyError, IndexError, TypeError, pickle.UnpicklingError)
 
 
 def every_rank(state: dict[str, Any]) -> dict[str, Any]:
@@ -54,8 +54,12 @@ def this_ranks(saved: dict[str, Any]) -> dict[str, Any]:
 
 
 def unreadable_checkpoint(path: str | Path, error: Exception) -> CheckpointError:
+    # torch's error for a pickled object other than tensors and plain values is a page on `weights_only` and how to
+    # allow the object: only its one line that says what the file holds is the reason here.
+    reason = str(error).split("WeightsUnpickler error: ", 1)[-1].split(". Please use", 1)[0].strip()
+    reason = reason.splitlines()[0] if reason else ""
     return CheckpointError(
-        f"{path} is not a readable checkpoint ({type(error).__name__}: {error}): it is truncated, corrupt or no "
+        f"{path} is not a readable checkpoint ({type(error).__name__}: {reason}): it is truncated, corrupt or no "
         "checkpoint at all (a crash during its write, before checkpoints were written atomically, or a copy cut short "
         "leaves such a file). Use another checkpoint of its folder."
     )
@@ -108,7 +112,7 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
                 os.fsync(file.fileno())
             os.replace(temporary, path)  # atomic within one filesystem, which a file beside the target guarantees
         except (OSError, RuntimeError) as error:
-            if _is_disk_full(error):
+            if is_disk_full(error):
                 raise DiskFull(
                     f"no space left on the disk of {path.parent} while writing {path.name} "
                     f"({shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB free there); the checkpoints written "
@@ -123,16 +127,6 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
             os.fsync(folder)  # the rename itself survives a power cut once the folder's entry is on disk
         finally:
             os.close(folder)
-
-
-def _is_disk_full(error: BaseException) -> bool:
-    """True when `error`, or one it arose from, is the OS saying the disk or the user's quota is full (torch reports
-    it as a RuntimeError of its zip writer, with the OSError only in the chain)."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

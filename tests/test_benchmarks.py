@@ -143,6 +143,90 @@ def test_quality_settings_lists_are_checked_naming_the_value(monkeypatch):
         counts("5,x")
 
 
+def fake_run(folder: Path, dataset: str, source_lang: str, target_lang: str) -> Path:
+    """A run folder whose last.ckpt holds what quality.py reads first: the data module's settings."""
+    (folder / "checkpoints").mkdir(parents=True)
+    data = {"dataset": dataset, "source_lang": source_lang, "target_lang": target_lang}
+    checkpoint = {"state_dict": {}, "hf_config": {}, "tokenizer": {}, "global_step": 60}
+    torch.save({**checkpoint, "datamodule_hyper_parameters": data}, folder / "checkpoints" / "last.ckpt")
+    return folder
+
+
+def test_quality_refuses_a_run_of_other_data_or_languages_naming_both(tmp_path, monkeypatch):
+    """quality.py scored the digits-to-words demo run as Multi30k en->de: a results entry "Multi30k en->de after 60
+    steps" (sacreBLEU 0.00), exit status 0."""
+    folder = multi30k_dir()
+    fake_run(tmp_path / "runs" / "demo", "synthetic", "digits", "words")
+    out = tmp_path / "quality.json"
+    refused = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "quality.py"), "--run-dir", "runs/demo", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert refused.returncode == 1 and not out.exists()
+    assert refused.stderr.strip() == (
+        "quality.py: error: runs/demo was trained on synthetic digits -> words, but quality.py scores Multi30k en -> "
+        f"de runs (data.dataset bentrevett/multi30k or a folder of Multi30k's files such as {Path(folder).resolve()}, "
+        "data.source_lang en, data.target_lang de): give the folder of such a run, or score this one with "
+        "`hf-transformer test`"
+    )
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from quality import check_multi30k_run
+
+    from hf_transformer.errors import UserError
+
+    def trained_on(dataset: str, source_lang: str, target_lang: str) -> dict:
+        return {
+            "datamodule_hyper_parameters": {"dataset": dataset, "source_lang": source_lang, "target_lang": target_lang}
+        }
+
+    check_multi30k_run(tmp_path, trained_on("bentrevett/multi30k", "en", "de"))
+    check_multi30k_run(tmp_path, trained_on(folder, "en", "de"))
+    for dataset, source, target in (("synthetic", "digits", "words"), (folder, "en", "fr"), ("wmt14", "en", "de")):
+        expected = f"^{tmp_path} was trained on {dataset} {source} -> {target}, but quality.py scores Multi30k en -> de"
+        with pytest.raises(UserError, match=expected):
+            check_multi30k_run(tmp_path, trained_on(dataset, source, target))
+
+
+def compare(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(BENCHMARKS / "compare.py"), *args], capture_output=True, text=True, cwd=cwd
+    )
+
+
+def test_compare_names_a_damaged_file_a_missing_model_or_a_bad_flag_in_one_line(tmp_path):
+    """A truncated translations.json ended in JSONDecodeError, a run scored without the compared model in KeyError
+    'average', --resamples 0 in IndexError; two runs with no split in common printed a header alone and exited 0."""
+    multi30k_dir()
+    kept = {"average": {"val": ["ein Hund"] * 4}, "last_checkpoint": {"val": ["eine Katze"] * 4}}
+    for name, translations in (("a", kept), ("b", kept), ("last_only", {"last_checkpoint": kept["last_checkpoint"]})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "translations.json").write_text(json.dumps(translations))
+    (tmp_path / "test_only").mkdir()
+    (tmp_path / "test_only" / "translations.json").write_text(json.dumps({"average": {"test_2016_flickr": ["x"]}}))
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "translations.json").write_text(json.dumps(kept)[:30])
+    assert compare(tmp_path, "--runs", "a", "--baseline", "b").returncode == 0
+    for args, message in (
+        (("--runs", "cut", "--baseline", "b"), r"cut/translations\.json is not readable JSON \(.*\): it was cut short"),
+        (
+            ("--runs", "a", "--baseline", "last_only"),
+            r"last_only/translations\.json holds no translations by the model 'average' \(--model; it holds: "
+            r"last_checkpoint\): compare with --model one it holds",
+        ),
+        (("--runs", "a", "--baseline", "b", "--resamples", "0"), r"--resamples 0: draw at least 1 resample"),
+        (
+            ("--runs", "a", "--baseline", "test_only"),
+            r"nothing compared: no split was scored for every run \(a: val; test_only: test_2016_flickr\)",
+        ),
+    ):
+        result = compare(tmp_path, *args)
+        assert result.returncode == 1 and result.stdout == "", args
+        (line,) = result.stderr.strip().splitlines()
+        assert re.match(f"compare\\.py: error: {message}", line), line
+
+
 def test_the_headline_is_the_recipe_of_most_seeds_not_a_setting_tried_last(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     from report import headline_recipe
@@ -218,8 +302,8 @@ def test_padding_benchmark_runs(tmp_path):
 
 @pytest.mark.slow
 def test_quality_report_runs_on_a_short_run(run_dir):
-    multi30k_dir()
-    main([*TINY_FIT, "--trainer.max_steps=6", "--trainer.log_every_n_steps=2"])
+    multi30k = ("--data.dataset", multi30k_dir(), "--data.source_lang=en", "--data.target_lang=de")
+    main([*TINY_FIT, *multi30k, "--trainer.max_steps=6", "--trainer.log_every_n_steps=2"])
     out = run_dir / "quality.json"
     scoring = ("--beams", "4", "--length-penalties", "1.0", "--limit", "8", "--device", "cpu")
     run(

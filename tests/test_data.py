@@ -1,6 +1,7 @@
 """TranslationDataModule on the synthetic task, on local files of each layout and, via MULTI30K_DIR, on Multi30k."""
 
 import csv
+import errno
 import gzip
 import json
 import logging
@@ -8,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import unicodedata
 import warnings
 from collections import Counter
@@ -25,7 +27,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 import lightning_modules.data.datamodule as datamodule_module
-from hf_transformer.errors import DataError
+from hf_transformer.errors import DataError, DiskFull
 from lightning_modules import TranslationDataModule
 from lightning_modules.data.batching import padding_efficiency
 from lightning_modules.data.sources import load_split
@@ -751,6 +753,51 @@ def test_filtered_pairs_are_counted_and_logged(tmp_path, caplog, monkeypatch, bl
     assert batch["input_ids"].shape[1] <= 20 and len(batch["source_text"]) == 5
 
 
+def test_streamed_and_prepared_training_data_keep_the_same_pairs_in_one_length_order(tmp_path):
+    """One split, read ahead and streamed: the same pairs kept (text on both sides, within the positions) and sorted
+    by one length order, so packed into batches of the same lengths. Each path had a filter and an order of its own,
+    and the stream sorted the targets of odd source lengths ascending where the prepared path sorts them descending."""
+    generator = np.random.default_rng(0)
+    words = ["a", "dog", "runs", "two", "men", "play", "music", "in", "the", "park", "grass", "women"]
+
+    def sentence(length: int) -> str:
+        return " ".join(generator.choice(words, size=length))
+
+    rows = [{"en": sentence(generator.integers(1, 16)), "de": sentence(generator.integers(1, 16))} for _ in range(300)]
+    rows += [{"en": "", "de": "leer"}, {"en": "  ", "de": "leer"}, {"en": "empty", "de": "\t"}]
+    rows += [{"en": sentence(30), "de": "lang"}, {"en": "long", "de": sentence(30)}]
+    (tmp_path / "data").mkdir()
+    write_jsonl(tmp_path / "data" / "train.jsonl", [rows[index] for index in generator.permutation(len(rows))])
+    for split in ("validation", "test"):
+        write_jsonl(tmp_path / "data" / f"{split}.jsonl", rows[:4])
+    limits = {"max_source_positions": 20, "max_target_positions": 20, "max_tokens": 120}
+    prepared = local_module(tmp_path / "data", tokenizer_dir=str(tmp_path / "tokenizer"), **limits)
+    assert prepared.filter_stats["train"] | {"truncated": None} == {
+        **{"pairs": 305, "kept": 300, "dropped_empty": 3, "dropped_too_long": 2, "truncated": None}
+    }
+    loader = prepared.train_dataloader()
+    order, starts, ends = loader.batch_sampler.plan_arrays(0)
+    ids = loader.dataset[order.tolist()]
+    in_order = [(tuple(source), tuple(target)) for source, target in zip(ids["input_ids"], ids["labels"], strict=True)]
+    prepared_batches = [in_order[start:end] for start, end in sorted(zip(starts.tolist(), ends.tolist(), strict=True))]
+    # The order: by source length, the targets ascending within even source lengths and descending within odd ones.
+    keys = [(len(source), len(target) if len(source) % 2 == 0 else -len(target)) for source, target in in_order]
+    assert keys == sorted(keys)
+
+    streamed = local_module(tmp_path / "data", tokenizer=str(tmp_path / "tokenizer"), streaming=True, **limits)
+    streamed.trainer = pl.Trainer(max_steps=1000, logger=False, enable_checkpointing=False)
+    streamed_batches = [
+        [(tuple(row["input_ids"]), tuple(row["labels"])) for row in batch]
+        for batch in next(streamed.train_dataloader().stream.passes(0))[1]
+    ]
+
+    def lengths(batches: list[list[tuple]]) -> list[tuple]:
+        return sorted(tuple((len(source), len(target)) for source, target in batch) for batch in batches)
+
+    assert sorted(pair for batch in streamed_batches for pair in batch) == sorted(in_order)
+    assert lengths(streamed_batches) == lengths(prepared_batches)
+
+
 def test_all_training_pairs_dropped_is_an_error(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", [{"en": "one two three four five six", "de": "x"}])
     with pytest.raises(DataError, match="all 1 training pairs were dropped .* raise the limits"):
@@ -858,6 +905,102 @@ def test_a_damaged_or_binary_data_file_is_named_with_the_fix(tmp_path, name, con
     write_lines(tmp_path / "train.en", ["one", "two"])
     with pytest.raises(DataError, match=expected):
         local_module(tmp_path)
+
+
+def text_splits(folder: Path) -> Path:
+    """train/validation/test text files of `PAIRS`, one file per language."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, pairs in (("train", PAIRS * 4), ("validation", PAIRS), ("test", PAIRS)):
+        write_lines(folder / f"{split}.en", [source for source, _ in pairs])
+        write_lines(folder / f"{split}.de", [target for _, target in pairs])
+    return folder
+
+
+def training_ids(dm: TranslationDataModule) -> list:
+    return sorted(str(batch["input_ids"].tolist()) for batch in dm.train_dataloader())
+
+
+def test_a_damaged_datasets_cache_is_built_again_saying_which(tmp_path):
+    """Arrow files of the datasets cache cut short (a copy or a disk that filled): the next run ended in a 55-line
+    pyarrow OSError ("Expected to be able to read ... bytes") that named neither the file nor the fix. Each damaged
+    cache, of a tokenized split (`cache-*.arrow`) or of a file read (`text-train.arrow`), is built again, with a
+    warning naming it, and the data is as before."""
+    data = text_splits(tmp_path / "data")
+    settings = {"tokenizer_dir": str(tmp_path / "tokenizer")}
+    before = local_module(data, **settings)
+    expected = training_ids(before), pairs_of(before, "test")
+    del before  # its files are memory-mapped: cut short below, they would read as zeros
+    for damaged, named in (
+        ("cache-*.arrow", {f"split {split!r}, tokenized" for split in ("train", "validation", "test")}),
+        ("text-train.arrow", {str(data / f"{split}.{lang}") for split in ("train", "test") for lang in ("en", "de")}),
+    ):
+        for path in (tmp_path / "hf_datasets").rglob(damaged):
+            os.truncate(path, path.stat().st_size // 2)
+        with pytest.warns(
+            UserWarning, match=r"its copy in the datasets cache was damaged \(.*\); built it again"
+        ) as warned:
+            after = local_module(data, **settings)
+        assert named <= {str(warning.message).split(":")[0] for warning in warned}
+        assert (training_ids(after), pairs_of(after, "test")) == expected
+
+
+def test_a_datasets_cache_or_tokenizer_folder_that_cannot_be_written_is_named_before_any_work(tmp_path, monkeypatch):
+    """HF_DATASETS_CACHE naming a file (or on a read-only disk) ended in a traceback from inside `datasets`; a tokenizer
+    folder there, in one from the tokenizer folder's mkdir."""
+    data = text_splits(tmp_path / "data")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "file" / "cache")
+    with pytest.raises(DataError) as refused:
+        local_module(data)
+    assert str(refused.value) == (
+        f"the datasets cache {tmp_path}/file/cache (HF_DATASETS_CACHE) cannot be written: {tmp_path}/file is not a "
+        "folder. Set HF_DATASETS_CACHE to a folder you can write to: the data read and tokenized is kept there"
+    )
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    with pytest.raises(DataError, match=rf"^data.tokenizer_dir {tmp_path}/file/tok: cannot write there \("):
+        local_module(data, tokenizer_dir=str(tmp_path / "file" / "tok"))
+    if os.geteuid() == 0:
+        pytest.skip("root writes into a read-only folder: the folder under a file above is the case that runs")
+    (tmp_path / "locked").mkdir(mode=0o555)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "locked" / "cache")
+    with pytest.raises(DataError, match=f"cannot be written: no permission to write into {tmp_path}/locked"):
+        local_module(data)
+
+
+def test_the_temporary_files_of_a_killed_tokenization_are_removed(tmp_path):
+    """`datasets` writes a cache into a temporary file beside it (`tmp` and 8 characters) and renames it when done: a
+    kill -9 during the tokenization left that file, as large as the cache it was writing, and nothing removed it."""
+    data = text_splits(tmp_path / "data")
+    dm = local_module(data)
+    folder = Path(dm.raw_pairs("train").cache_files[0]["filename"]).parent
+    with tempfile.NamedTemporaryFile("wb", dir=folder, delete=False) as left:  # as `datasets` names it
+        left.write(b"\0" * 1000)
+    (folder / "notes.txt").write_text("not ours")
+    local_module(data)
+    assert not Path(left.name).exists() and (folder / "notes.txt").exists()
+
+
+def test_a_full_disk_under_the_datasets_cache_is_one_line_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """The tokenization onto a full disk ended in a traceback and left `datasets`' temporary file behind; reading a
+    file into the cache said "could not read" the data file."""
+    data = text_splits(tmp_path / "data")
+    local_module(data, tokenizer_dir=str(tmp_path / "tokenizer"))
+    for tokenized in (tmp_path / "hf_datasets").rglob("cache-*.arrow"):  # the splits read stay: tokenize again
+        tokenized.unlink()
+    written = datasets.arrow_writer.ArrowWriter.write_batch
+
+    def full(self, *args, **kwargs):
+        written(self, *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(datasets.arrow_writer.ArrowWriter, "write_batch", full)
+    with pytest.raises(DiskFull) as full_disk:
+        local_module(data, tokenizer_dir=str(tmp_path / "tokenizer"))
+    assert str(full_disk.value).startswith(
+        f"no space left on the disk of the datasets cache {tmp_path / 'hf_datasets'} (HF_DATASETS_CACHE) while "
+        "writing split 'train', tokenized there ("
+    )
+    assert not [path for path in (tmp_path / "hf_datasets").rglob("tmp*") if path.is_file()]
 
 
 def test_missing_field_names_row_and_language(tmp_path):

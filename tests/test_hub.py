@@ -212,13 +212,19 @@ def test_transformers_loads_the_pushed_model_through_the_endpoint(hub_endpoint: 
 
 
 def test_without_a_token_the_push_says_how_to_log_in(
-    hub_endpoint: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    hub_endpoint: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The command's line said the push twice ("hf-transformer push: error: ..., then re-run the push.")."""
     monkeypatch.delenv("HF_TOKEN")
 
     with pytest.raises(HubError, match=r"set HF_TOKEN or run `hf auth login`"):
         push_folder(make_export(tmp_path / "export"), REPO)
     assert not [r for r in hub_endpoint.requests if r[0] == "POST"]
+    with pytest.raises(SystemExit):
+        main(["push", str(tmp_path / "export"), REPO])
+    assert capsys.readouterr().err.strip() == (
+        "hf-transformer push: error: No Hugging Face token found: set HF_TOKEN or run `hf auth login`"
+    )
 
 
 def test_a_rejected_token_is_reported_without_being_shown(

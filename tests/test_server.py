@@ -141,6 +141,17 @@ def test_bad_requests_get_a_4xx_naming_the_problem(client, body, status, message
     assert message in answer.json()["error"]
 
 
+def test_a_path_or_method_the_api_does_not_take_is_an_error_as_the_others(client):
+    """`GET /translate` and an unknown path answered FastAPI's {"detail": ...}, where every other refusal is
+    {"error": ...}."""
+    answer = client.get("/translate")
+    assert answer.status_code == 405 and answer.json() == {
+        "error": "GET /translate: method not allowed; send POST /translate"
+    }
+    answer = client.get("/translations")
+    assert answer.status_code == 404 and answer.json() == {"error": "GET /translations: not found"}
+
+
 def test_a_form_body_is_refused_naming_the_content_type(client):
     answer = client.post("/translate", data={"text": "a dog"})
     assert answer.status_code == 415 and "Content-Type: application/json" in answer.json()["error"]

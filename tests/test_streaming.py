@@ -2,8 +2,11 @@
 budget, an endless stream that keeps the ranks in step, a loader that resumes exactly, and the same on two DDP
 processes through the command line."""
 
+import contextlib
+import gzip
 import json
 import os
+import signal
 import subprocess
 import sys
 from itertools import islice
@@ -11,12 +14,15 @@ from pathlib import Path
 
 import datasets
 import huggingface_hub.constants
+import lightning.pytorch as pl
 import pytest
 import torch
 from conftest import DEMO
 
 from hf_transformer.errors import DataError
+from lightning_modules import TranslationDataModule
 from lightning_modules.checkpoint import load_checkpoint
+from lightning_modules.data.sources import load_split
 from lightning_modules.data.streaming import StreamLoader, TokenBudgetStream, stream_split
 
 WORDS = ["a", "dog", "man", "runs", "on", "the", "grass", "two", "women", "play", "music", "in", "park"]
@@ -125,6 +131,105 @@ def test_a_stream_of_text_files_splits_lines_at_newlines_only_and_names_files_of
     (tmp_path / "train.de").write_bytes("".join(line + "\n" for line in targets[:3]).encode())
     with pytest.raises(DataError, match=r"train\.de has 3 lines but .*train\.en has more"):
         list(stream_split(str(tmp_path), None, "train", "en", "de"))
+
+
+NUMBERS = gzip.compress(b"".join(b"%d\n" % number for number in range(5000)), mtime=0)
+BAD_FILES = {
+    "not UTF-8": {"train.en": b"one\ntwo\n", "train.de": b"eins\nGr\xfc\xdfe\n"},
+    "binary": {"train.en": b"one\ntwo\n", "train.de": b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR"},
+    "UTF-16": {"train.en": b"one\ntwo\n", "train.de": "eins\nzwei\n".encode("utf-16")},
+    "empty": {"train.en": b"", "train.de": b""},
+    "no gzip": {"train.en": b"one\ntwo\n", "train.de.gz": b"eins\nzwei\n"},
+    "gzip cut short": {"train.en": b"one\n" * 5000, "train.de.gz": NUMBERS[:5000]},
+    "jsonl not UTF-8": {"train.jsonl": b'{"en": "a", "de": "b"}\n{"en": "a", "de": "Gr\xfc\xdfe"}\n'},
+    "jsonl binary": {"train.jsonl": b"\0\x01\x02\n"},
+    "jsonl empty": {"train.jsonl": b""},
+}
+
+
+@pytest.mark.parametrize("case", BAD_FILES)
+def test_a_streamed_file_that_cannot_be_read_is_named_as_when_read_ahead(tmp_path, case):
+    """One reader rule for both paths: a streamed training file that is not UTF-8 text, binary, UTF-16, empty or a
+    damaged .gz is refused with the one-line message of a read ahead, naming the file (and the line). A stream ended
+    in UnicodeDecodeError, BadGzipFile, ArrowInvalid or StopIteration from inside the readers, or read no pair."""
+    for name, content in BAD_FILES[case].items():
+        (tmp_path / name).write_bytes(content)
+    with pytest.raises(DataError) as read_ahead:
+        load_split(str(tmp_path), None, "train", "en", "de")
+    with pytest.raises(DataError) as streamed:
+        list(stream_split(str(tmp_path), None, "train", "en", "de"))
+    assert str(streamed.value) == str(read_ahead.value)
+    assert str(tmp_path / "train.") in str(streamed.value) and "\n" not in str(streamed.value)
+
+
+@contextlib.contextmanager
+def within(seconds: int):
+    """Fail the block after `seconds` instead of waiting forever (the stream of no batches never ended)."""
+
+    def hung(number, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def streamed_module(folder: Path, **settings) -> TranslationDataModule:
+    settings = {"source_lang": "en", "target_lang": "de", "bpe_vocab_size": 100, "bpe_min_frequency": 1, **settings}
+    return TranslationDataModule(dataset=str(folder), streaming=True, **settings)
+
+
+def test_a_stream_of_blank_pairs_is_refused_before_training(tmp_path):
+    """Files of blank lines: the tokenizer was trained on no text without a word, then `fit` printed `Training from
+    step 0` and waited for a batch forever. The same folder read ahead stops too."""
+    corpus(tmp_path)
+    for lang in ("en", "de"):
+        (tmp_path / f"train.{lang}").write_text("\n  \n\t\n")
+    (tmp_path / "train.jsonl").unlink()
+    with within(120), pytest.raises(DataError) as refused:
+        streamed_module(tmp_path, tokenizer_dir=str(tmp_path / "tokenizer"))
+    assert str(refused.value).startswith(
+        f"the first 1,000,000 pairs of a shuffled stream of split 'train' of {tmp_path}"
+    )
+    assert "no sentence holds text (3 pairs read, all blank)" in str(refused.value)
+    assert not (tmp_path / "tokenizer" / "tokenizer.json").exists()
+
+
+def test_a_pass_of_a_stream_that_keeps_no_pair_stops_naming_the_split_and_why(tmp_path):
+    """Every pair longer than the positions: the stream read pass after pass and gave no batch, forever."""
+    corpus(tmp_path)
+    settings = {"max_source_positions": 3, "max_target_positions": 3, "max_tokens": 64, "eval_max_tokens": 64}
+    data = streamed_module(tmp_path, **settings)
+    data.trainer = pl.Trainer(max_steps=10, logger=False, enable_checkpointing=False)
+    with within(120), pytest.raises(DataError) as refused:
+        next(iter(data.train_dataloader()))
+    assert str(refused.value) == (
+        f"split 'train' of {tmp_path}, streamed: all 300 training pairs were dropped (0 with an empty side, 300 longer "
+        "than max_source_positions=3/max_target_positions=3 tokens); raise the limits or check the languages"
+    )
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "rule"),
+    [
+        ("stream_buffer", 0, "must be at least 1: the pairs a stream shuffles and sorts at a time"),
+        ("num_workers", -1, "must be at least 0"),
+        ("max_sentences", 0, "must be at least 1, or null for no limit"),
+        ("bpe_vocab_size", 3, "must be larger than the 4 special tokens"),
+        ("eval_max_tokens", 8, "is smaller than max_source_positions=256"),
+    ],
+)
+def test_every_data_setting_is_checked_before_any_work(tmp_path, setting, value, rule):
+    """`--data.stream_buffer 0` was accepted and trained on no batch, forever; the others failed once the data was
+    read and tokenized (a DataLoader's ValueError, a sampler's error)."""
+    corpus(tmp_path)
+    with pytest.raises(DataError, match=f"^data.{setting}={value} {rule}|^{setting}={value} {rule}"):
+        streamed_module(tmp_path, tokenizer_dir=str(tmp_path / "tokenizer"), **{setting: value})
+    assert not (tmp_path / "tokenizer").exists()
 
 
 def train(run_dir: Path, streaming: bool, *overrides: str) -> subprocess.CompletedProcess:

@@ -39,6 +39,7 @@ from lightning_modules.checkpoint import (
 )
 from lightning_modules.cli import main, run
 from lightning_modules.cli.training import TranslationCLI
+from lightning_modules.experimental import RDropTranslationModule
 from lightning_modules.export import export_checkpoint
 from lightning_modules.module import model_config
 from lightning_modules.schedules import noam_lr_lambda
@@ -74,6 +75,25 @@ def test_rdrop_logs_its_divergence_beside_the_loss(run_dir):
     fit("--trainer.max_steps=1", "--trainer.log_every_n_steps=1", "--trainer.default_root_dir=plain")
     (plain,) = run_dir.glob("plain/logs/version_*/metrics.csv")
     assert "train/rdrop_divergence" not in plain.read_text()
+
+
+def test_rdrop_without_dropout_is_refused_before_any_work(run_dir, capsys):
+    """Every dropout at 0: R-Drop ran each pair twice per step for a divergence that was always 0."""
+    from conftest import tiny_module
+
+    from hf_transformer.errors import ConfigError
+
+    args = ["--config", str(DEMO), "--config", "tiny.yaml", RDROP, "--model.config.dropout=0"]
+    assert error_line(capsys, "fit", *args) == (
+        "hf-transformer fit: error: R-Drop (model.class_path lightning_modules.experimental.RDropTranslationModule) "
+        "compares the outputs of two dropout masks, but every dropout of the model is 0 (model.config.dropout, "
+        "model.config.attention_dropout, model.config.activation_dropout): each step would run every pair twice for a "
+        "divergence that is always 0. Set a dropout above 0, or train the plain lightning_modules.TranslationModule"
+    )
+    assert not (run_dir / "runs").exists()
+    with pytest.raises(ConfigError, match="R-Drop .* compares the outputs of two dropout masks"):
+        tiny_module(config={"dropout": 0.0}, module=RDropTranslationModule, alpha=1)
+    tiny_module(config={"dropout": 0.0, "attention_dropout": 0.1}, module=RDropTranslationModule, alpha=1)  # enough
 
 
 def test_noam_schedule_is_the_papers_formula():
@@ -462,6 +482,47 @@ def test_ctrl_c_stops_at_the_end_of_its_step_and_twice_stops_at_once(run_dir, ca
         assert checkpoint_steps(run_dir) == {"step000003.ckpt": 3, "last.ckpt": 3}
 
 
+@pytest.mark.parametrize("validate_every", [3, 4], ids=["at a step checkpoint", "between step checkpoints"])
+def test_ctrl_c_during_validation_stops_at_once_and_resumes_exactly(run_dir, capfd, monkeypatch, validate_every):
+    """Ctrl-C in the middle of the validation after step 3 or 4, at or between the step checkpoints (every 3): the run
+    stops before that validation's beam search goes on, with the step's state saved, and resumes, without validating
+    that step again, to the weights and Adam's moments of a run that never stopped. It stopped only after the whole
+    validation (103 s on a loaded 2-core machine for Multi30k's); and each validation drew the workers' seed of its
+    loader from the model's random generator, so that a run resumed from the step before it drew other dropout masks."""
+    from lightning_modules.module import TranslationModule
+
+    original, decoded = TranslationModule.translate, []
+
+    def pressed(self, input_ids, attention_mask):
+        if not decoded:
+            signal.raise_signal(signal.SIGINT)
+        decoded.append(self.global_step)  # not reached when the Ctrl-C stops the validation at once
+        return original(self, input_ids, attention_mask)
+
+    every = [f"--trainer.val_check_interval={validate_every}", "--trainer.check_val_every_n_epoch=null"]
+    with monkeypatch.context() as patch:
+        patch.setattr(TranslationModule, "translate", pressed)
+        inherited = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+        try:
+            with pytest.raises(SystemExit) as stopped:
+                fit("--trainer.max_steps=100", *every)
+        finally:
+            signal.signal(signal.SIGINT, inherited)
+    assert stopped.value.code == 130 and decoded == []
+    assert capfd.readouterr().err.strip().splitlines()[-1] == (
+        f"Stopped at step {validate_every} (Ctrl-C); its state is saved in runs/demo/checkpoints/last.ckpt. Resume: "
+        "the same command with --ckpt_path last"
+    )
+    assert checkpoint_steps(run_dir)["last.ckpt"] == validate_every
+    fit("--trainer.max_steps=9", "--ckpt_path=last", *every)
+    resumed = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")
+    (run_dir / "runs").rename(run_dir / "interrupted")
+    fit("--trainer.max_steps=9", *every)
+    uninterrupted = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")
+    assert resumed["global_step"] == uninterrupted["global_step"] == 9
+    assert_same_training_state(resumed, uninterrupted)
+
+
 class SendsCtrlC:
     """Pickled by torch.save, it presses Ctrl-C in the middle of the checkpoint's write."""
 
@@ -736,6 +797,22 @@ def test_a_torn_checkpoint_is_skipped_by_averaging_and_named_by_export_and_resum
         run(["export", str(torn), "exported"])
     with pytest.raises(ValueError, match=r"step000006\.ckpt is not a readable checkpoint"):
         fit("--trainer.max_steps=12", f"--ckpt_path={torn}")
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"), [("pickled object", "UnpicklingError: Unsupported global"), ("text", "KeyError")]
+)
+def test_a_file_that_is_no_checkpoint_is_named_in_one_line(run_dir, capsys, kind, reason):
+    """A pickled object's refusal embedded torch's page on `weights_only` (and how to allow the object) in the
+    message; a text file ended in a KeyError traceback from inside the unpickler."""
+    path = run_dir / "not.ckpt"
+    if kind == "text":
+        path.write_text("hello\n")
+    else:
+        torch.save({"state": SimpleNamespace(step=1)}, path)
+    message = error_line(capsys, "export", str(path), "exported")
+    assert message.startswith(f"hf-transformer export: error: {path} is not a readable checkpoint ({reason}")
+    assert message.endswith("Use another checkpoint of its folder.") and "weights_only" not in message
 
 
 def test_export_says_which_steps_it_averaged_and_warns_when_they_span_most_of_the_run(run_dir, capsys):
@@ -1105,7 +1182,11 @@ def test_a_run_resumed_with_a_smaller_save_top_k_keeps_its_last_checkpoints(run_
     """Resumed with save_top_k 2 after 3 (steps 3-9) or 5 (steps 3-15) checkpoints of save_top_k 5: Lightning stopped
     with KeyError '' in the first case and kept every checkpoint from then on in the second."""
     fit(f"--trainer.max_steps={steps}")
-    fit(f"--trainer.max_steps={steps + 6}", "--ckpt_path=last", "--checkpoint.save_top_k=2")
+    # It says which files it deletes, which `export --average` could have averaged: it deleted them silently.
+    deleted = ", ".join(f"step{step:06d}.ckpt" for step in range(3, steps - 3, 3))
+    said = rf"save_top_k=2: deleting {deleted} of the {min(steps // 3, 5)} checkpoints this run kept in runs/demo/"
+    with pytest.warns(UserWarning, match=said + r"checkpoints; .* averages at most 2\. Resume with --checkpoint"):
+        fit(f"--trainer.max_steps={steps + 6}", "--ckpt_path=last", "--checkpoint.save_top_k=2")
     kept = {f"step{step:06d}.ckpt": step for step in (steps + 3, steps + 6)}
     assert checkpoint_steps(run_dir) == kept | {"last.ckpt": steps + 6}
 
@@ -1148,6 +1229,30 @@ def test_a_full_disk_stops_the_run_with_one_line(run_dir, capsys):
     assert message.startswith("hf-transformer fit: error: no space left on the disk of ")
     assert "runs/demo/checkpoints while writing step000003.ckpt" in message and "--ckpt_path last" in message
     assert not list(folder.glob("*.ckpt"))
+
+
+@pytest.mark.parametrize(
+    ("setting", "where"),
+    [
+        ("trainer.default_root_dir", "under a file"),
+        ("checkpoint.dirpath", "under a file"),
+        ("trainer.default_root_dir", "read-only"),
+    ],
+)
+def test_a_run_folder_that_cannot_be_written_is_one_line_before_any_work(run_dir, capsys, setting, where):
+    """`fit` into a folder on a read-only disk ended, once the data was read, in a 60-line traceback from the mkdir of
+    the tokenizer's folder (the checkpoint folder's, with a tokenizer given)."""
+    if where == "read-only":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a read-only folder: the folders under a file are the cases that run")
+        (run_dir / "locked").mkdir(mode=0o555)
+        folder, reason = "locked/run", f"no permission to write into {run_dir}/locked"
+    else:
+        (run_dir / "file").write_text("")
+        folder, reason = "file/run", f"{run_dir}/file is not a folder"
+    message = error_line(capsys, "fit", "--config", str(DEMO), "--config", "tiny.yaml", f"--{setting}={folder}")
+    assert message.endswith(f"error: {setting} {folder}: cannot write there ({reason}). Give a folder you can write to")
+    assert not (run_dir / "runs").exists()
 
 
 def test_a_yaml_mistake_names_its_file_and_line(run_dir, capsys):

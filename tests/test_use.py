@@ -2,6 +2,7 @@
 `translate` and `attention` commands, which must give what `translate()` gives, and `export`, which writes the folder
 they read whole."""
 
+import errno
 import io
 import os
 import sys
@@ -528,6 +529,52 @@ def test_an_export_appears_whole_or_not_at_all(checkpoint, tmp_path, capsys, mon
     with pytest.raises(SystemExit):
         main(["export", str(checkpoint), "/proc/exported"])
     assert "cannot write into /proc (No such file or directory)" in capsys.readouterr().err
+
+
+def disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def safetensors_disk_full(*args, **kwargs):
+    from safetensors import SafetensorError
+
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+# What writes each format's weights, and how it fails on a full disk (as each did on a full 1 MiB tmpfs).
+WEIGHT_WRITERS = {
+    "hf-transformer": ("transformers.modeling_utils.safe_save_file", safetensors_disk_full, None),
+    "marian": ("transformers.modeling_utils.safe_save_file", safetensors_disk_full, None),
+    "ctranslate2": ("ctranslate2.specs.model_spec.ModelSpec.save", disk_full, "ctranslate2"),
+    "onnx": ("onnx.save", disk_full, "onnxscript"),
+}
+
+
+@pytest.mark.parametrize(
+    "format", ["hf-transformer", "marian", "ctranslate2", pytest.param("onnx", marks=pytest.mark.slow)]
+)
+def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(checkpoint, tmp_path, capsys, monkeypatch, format):
+    """Each format's writer ended in its own traceback (safetensors' SafetensorError "os error 28", the OSError of
+    CTranslate2's and ONNX's): the hidden folder was removed, only the message was wrong."""
+    target, fail, extra = WEIGHT_WRITERS[format]
+    if extra is not None:
+        pytest.importorskip(
+            extra, reason=f"the {format} export needs its extra: pip install 'hf-transformer[{format}]'"
+        )
+    monkeypatch.setattr(target, fail)
+    options = ["--source-length", "8", "--max-length", "8"] if format == "onnx" else []
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main(["export", str(checkpoint), str(tmp_path / "exported"), "--format", format, *options])
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        f"hf-transformer export: error: no space left on the disk of {tmp_path} while writing exported ("
+    )
+    assert err.strip().endswith(
+        f"{tmp_path / 'exported'} is as it was before. Free space there, or export to another disk"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["model.ckpt"]
 
 
 def test_the_card_of_an_averaged_export_says_which_steps_its_weights_are_the_mean_of(checkpoint, tmp_path, capsys):

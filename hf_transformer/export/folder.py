@@ -11,7 +11,7 @@ from pathlib import Path
 from huggingface_hub.errors import StrictDataclassError
 from transformers import PreTrainedTokenizerFast
 
-from ..errors import ConfigError, DataError, UserError
+from ..errors import ConfigError, DataError, DiskFull, UserError, is_disk_full
 from ..hub.model_card import FormatCard
 from ..model import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline
 
@@ -59,8 +59,9 @@ def save_model(
 @contextmanager
 def written_whole(folder: str | Path, keep_other_files: bool = False) -> Iterator[Path]:
     """A new hidden folder beside `folder` to write into, put in the place of `folder` when the block ends: a kill or
-    an error midway leaves `folder` as it was (and the hidden folder after a kill), never half written. With
-    `keep_other_files`, the files of an existing `folder` that the block did not write are kept."""
+    an error midway leaves `folder` as it was (and the hidden folder after a kill), never half written; a full disk is
+    a `DiskFull` that names the folder. With `keep_other_files`, the files of an existing `folder` that the block did
+    not write are kept."""
     folder = Path(folder).resolve()
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -81,6 +82,16 @@ def written_whole(folder: str | Path, keep_other_files: bool = False) -> Iterato
             shutil.rmtree(old)
         else:
             os.replace(staging, folder)
+    except Exception as err:
+        if not is_disk_full(err):
+            raise
+        # Each writer says it in its own way (safetensors: "os error 28" in its message), and none names the folder.
+        shutil.rmtree(staging, ignore_errors=True)
+        free = shutil.disk_usage(folder.parent).free / 2**20
+        raise DiskFull(
+            f"no space left on the disk of {folder.parent} while writing {folder.name} ({free:,.0f} MiB free there): "
+            f"{folder} is as it was before. Free space there, or export to another disk"
+        ) from err
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

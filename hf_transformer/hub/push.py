@@ -122,7 +122,7 @@ def _missing_weights(folder: Path) -> list[str]:
 def find_token() -> str:
     token = get_token()
     if token is None:
-        raise HubError("No Hugging Face token found: set HF_TOKEN or run `hf auth login`, then re-run the push.")
+        raise HubError("No Hugging Face token found: set HF_TOKEN or run `hf auth login`")
     return token
 
 

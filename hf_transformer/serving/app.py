@@ -30,6 +30,7 @@ try:
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse
     from pydantic import BaseModel, ConfigDict, Field
+    from starlette.exceptions import HTTPException as StarletteHTTPException
     from uvicorn.protocols.http.h11_impl import H11Protocol
 except ImportError as err:
     raise MissingExtra("serving needs FastAPI and uvicorn: pip install 'hf-transformer[serve]'") from err
@@ -139,6 +140,15 @@ def create_app(
     @app.exception_handler(UserError)
     async def user_error(request: Request, error: UserError) -> JSONResponse:
         return _error(422, str(error))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own refusals (no such path, a method the path does not take) answered {"detail": ...}.
+        routes = {"/translate": "POST", "/attention": "POST", "/health": "GET", "/": "GET"}
+        problem = f"{request.method} {request.url.path}: {str(error.detail).lower()}"
+        if request.url.path in routes and error.status_code == 405:
+            problem += f"; send {routes[request.url.path]} {request.url.path}"
+        return JSONResponse({"error": problem}, status_code=error.status_code, headers=error.headers)
 
     @app.exception_handler(ServerBusy)
     async def busy(request: Request, error: ServerBusy) -> JSONResponse:

@@ -53,7 +53,10 @@ class PushToHubCallback(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit" and trainer.is_global_zero:
-            find_token()  # no token: say so before training, not after it
+            try:
+                find_token()  # no token: say so before training, not after it
+            except HubError as error:
+                raise HubError(f"PushToHubCallback pushes to {self.repo_id}: {error}") from error
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._started = time.perf_counter()

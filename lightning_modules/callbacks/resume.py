@@ -15,6 +15,7 @@ import lightning.pytorch as pl
 import torch
 from filelock import FileLock, Timeout
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from hf_transformer.errors import DiskFull, EarlierRunFound, FolderInUse
@@ -93,12 +94,14 @@ class ResumableCheckpoint(ModelCheckpoint):
       checkpoint, so the saved steps stay regular) unless it is there already, the weights are not finite, the
       exception is a non-finite loss (a diverging state is no place to resume from) or the disk is full; then the way
       to resume is printed.
-    - A Ctrl-C while training stops the run as a SIGTERM does: Lightning ends the step (or validation batch) under
-      way, then the state is saved. Python's KeyboardInterrupt landed mid-step, where the random generators already
+    - A Ctrl-C while training stops the run as a SIGTERM does: Lightning ends the step under way, then the state is
+      saved. Python's KeyboardInterrupt landed mid-step, where the random generators already
       held that step's dropout draws and the data was a batch ahead: the resumed run never trained on that batch. A
-      second Ctrl-C stops at once, without saving (the state then is no step's). The run exits 130 after a Ctrl-C and
-      143 after a SIGTERM (128 + the signal's number, as a process that the signal ended): Lightning's SIGTERM exited
-      0, as a finished run does. The trainer must be an `InterruptibleTrainer` (the CLI's); with another, a Ctrl-C is
+      validation stops at once: the step's state is saved before a validation starts, and a resumed run does not
+      validate that step again (Lightning ended the validation first, minutes of beam search). A second Ctrl-C stops
+      at once, without saving (the state then is no step's). The run exits 130 after a Ctrl-C and 143 after a SIGTERM
+      (128 + the signal's number, as a process that the signal ended): Lightning's SIGTERM exited 0, as a finished run
+      does. The trainer must be an `InterruptibleTrainer` (the CLI's); with another, a Ctrl-C is
       Python's KeyboardInterrupt, where it lands.
 
     Lightning's `OnExceptionCheckpoint` is not used: with it, `fit` resumes by itself and its file wins over
@@ -114,6 +117,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._saving_step: int | None = None  # the step of the checkpoint being written
         self._lock: FileLock | None = None
         self._sigint_handler: Any = None  # the SIGINT handler to restore while Ctrl-C is held to the step's end
+        self._validating = False  # in a validation of `fit` whose step's state is saved: a Ctrl-C stops at once
         self._stopped_by = signal.SIGTERM  # the signal behind Lightning's stop at the end of a step
         self._dropped: list[str] = []  # checkpoints out of a smaller save_top_k than the resumed run's
         self.run_id: str | None = None
@@ -167,6 +171,8 @@ class ResumableCheckpoint(ModelCheckpoint):
                 "moving that folder away, or write this run elsewhere (dirpath of the checkpoint callback in your "
                 "config)."
             )
+        if self._dropped:
+            self._warn_of_dropped(trainer)
         for path in self._dropped:
             self._remove_checkpoint(trainer, path)
         self._dropped = []
@@ -190,6 +196,12 @@ class ResumableCheckpoint(ModelCheckpoint):
             # Not Lightning's SIGTERM handler: it would signal the other ranks and run a collective inside this
             # handler on every rank that Ctrl-C reaches.
             trainer.stop_requested = True
+            if self._validating:
+                # A validation changes nothing that training resumes from, and its step's state is saved
+                # (`on_validation_start`): stop at once rather than after its batches of beam search.
+                if trainer.is_global_zero:
+                    os.write(sys.stderr.fileno(), b"Ctrl-C: stopping the validation, the step's state is saved\n")
+                raise SIGTERMException
             if trainer.is_global_zero:  # not print(): the main thread may be inside a write to stderr
                 os.write(
                     sys.stderr.fileno(),
@@ -225,7 +237,19 @@ class ResumableCheckpoint(ModelCheckpoint):
         super().on_train_epoch_end(trainer, pl_module)
         self._saved_step = self._saving_step
 
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A validation during training holds nothing that a resume needs (the step's state is the one before it,
+        and a resumed run does not validate that step again): with that state on disk, written now where no step
+        checkpoint was, a Ctrl-C stops at once instead of after the validation's batches (minutes of beam search)."""
+        super().on_validation_start(trainer, pl_module)
+        if self._sigint_handler is None or trainer.sanity_checking:  # Ctrl-C not held: `validate`, or no terminal
+            return
+        if self.save_last and self._saved_step != trainer.global_step:
+            self._save_last_now(trainer)
+        self._validating = self._saved_step == trainer.global_step
+
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._validating = False
         super().on_validation_end(trainer, pl_module)
         self._saved_step = self._saving_step
 
@@ -264,8 +288,19 @@ class ResumableCheckpoint(ModelCheckpoint):
         self.kth_best_model_path = ranked[self.save_top_k - 1]
         self.kth_value = self.best_k_models[self.kth_best_model_path]
 
+    def _warn_of_dropped(self, trainer: pl.Trainer) -> None:
+        """Say which checkpoints a smaller save_top_k deletes: `export --average N` needs N of them."""
+        kept, names = self.save_top_k + len(self._dropped), sorted(Path(path).name for path in self._dropped)
+        rank_zero_warn(
+            f"checkpoint.save_top_k={self.save_top_k}: deleting {', '.join(names)} "
+            f"of the {kept} checkpoints this run kept in {relative_to_cwd(Path(self.dirpath))}; from now on it keeps "
+            f"{self.save_top_k}, and `hf-transformer export --average` averages at most {self.save_top_k}. Resume with "
+            f"--checkpoint.save_top_k={kept} to keep them"
+        )
+
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._release_ctrl_c()
+        self._validating = False
         pressed_twice = isinstance(exception, KeyboardInterrupt) and self._stopped_by == signal.SIGINT
         if isinstance(exception, SIGTERMException):
             exception.code = 128 + self._stopped_by

@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import yaml
 from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
 
-from hf_transformer.errors import CheckpointNotFound, ConfigError
+from hf_transformer.errors import CheckpointNotFound, ConfigError, why_unwritable
 
 from ..callbacks.resume import relative_to_cwd
 
@@ -156,3 +156,15 @@ def check_last_checkpoint(subcommand: str, ckpt_path: str | None, trainer: pl.Tr
         f"--ckpt_path last: {where} holds no last.ckpt, so there is no model to {subcommand}. Pass a checkpoint "
         "file (--ckpt_path PATH), or train first"
     )
+
+
+def check_output_folders(subcommand: str | None, config: Any) -> None:
+    """Refuse, before the data is read or a tokenizer trained, a run folder that cannot be written:
+    trainer.default_root_dir (the logs, and by default the checkpoints and the tokenizer) and, for `fit`, the
+    checkpoint folder. A remote URL (s3://...) is left to its file system."""
+    folders = {"trainer.default_root_dir": config.trainer.default_root_dir or "."}
+    if subcommand in (None, "fit"):
+        folders["checkpoint.dirpath"] = config.checkpoint.dirpath
+    for setting, folder in folders.items():
+        if folder and "://" not in str(folder) and (reason := why_unwritable(folder)) is not None:
+            raise ConfigError(f"{setting} {folder}: cannot write there ({reason}). Give a folder you can write to")

@@ -28,7 +28,14 @@ from ..data import TranslationDataModule
 from ..module import TranslationModule, model_config
 from ..schedules import PAPER_SCHEDULE, Schedule
 from ..upgrade import check_resumable, class_path, upgraded_module_arguments
-from .checks import REPLACED_OPTIONS, check_config_files, check_devices, check_last_checkpoint, check_model_source
+from .checks import (
+    REPLACED_OPTIONS,
+    check_config_files,
+    check_devices,
+    check_last_checkpoint,
+    check_model_source,
+    check_output_folders,
+)
 
 
 def _is_not_an_advertisement(record: logging.LogRecord) -> bool:
@@ -279,6 +286,7 @@ class TranslationCLI(LightningCLI):
                 "one model. Train each member as its own run (--seed_everything N) and test them together"
             )
         place_in_run_folder(config)
+        check_output_folders(self.subcommand, config)
 
     def instantiate_classes(self) -> None:
         try:

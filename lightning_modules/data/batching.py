@@ -56,10 +56,6 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
                 f"a pair of {longest} tokens does not fit in a batch of max_tokens={max_tokens}: raise max_tokens "
                 "or lower max_source_positions/max_target_positions"
             )
-        # The length key of `_length_order`, source * 2 * span + target, in int32 where its largest value fits.
-        self._target_span = int(self.target_lengths.max(initial=0)) + 1
-        largest_key = (int(self.source_lengths.max(initial=0)) + 1) * 2 * self._target_span
-        self._key_dtype = np.int32 if largest_key < 2**31 else np.int64
         self.max_tokens, self.max_sentences = max_tokens, max_sentences
         self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
         self.epoch = 0
@@ -112,7 +108,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             rng.shuffle(order)  # the same permutation as rng.permutation(count), without its int64 copy
         boundaries = [np.zeros(1, dtype=np.int64)]
         for start in range(0, count, SORT_WINDOW):
-            window = order[start : start + SORT_WINDOW] = self._length_order(order[start : start + SORT_WINDOW])
+            window = order[start : start + SORT_WINDOW]  # a view: sorted in place
+            window[:] = window[length_order(self.source_lengths[window], self.target_lengths[window])]
             costs = np.maximum(self.source_lengths[window], self.target_lengths[window])
             boundaries.append(start + token_budget_boundaries(costs, self.max_tokens, self.max_sentences)[1:])
         bounds = np.concatenate(boundaries)
@@ -129,23 +126,56 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         shuffled = rng.permutation(len(starts))
         return order, *_split_until_divisible(starts[shuffled], ends[shuffled], self.world_size)
 
-    def _length_order(self, order: np.ndarray) -> np.ndarray:
-        """Sort by source length, then target length (a stable sort: pairs of equal lengths keep their shuffle).
 
-        The target order alternates, ascending within even source lengths and descending within odd ones, so a
-        batch that crosses from one source length to the next still holds targets of similar length. One key of both
-        lengths, sorted once, holds no more than a few bytes a pair.
-        """
-        span = self._target_span
-        key = self.source_lengths[order].astype(self._key_dtype)
-        target = self.target_lengths[order].astype(key.dtype, copy=False)
-        np.subtract(span - 1, target, out=target, where=key % 2 == 1)
-        key *= 2 * span
-        key += target
-        del target
-        by_key = np.argsort(key, kind="stable")
-        del key
-        return order[by_key]
+@dataclass(frozen=True)
+class TrainingPairFilter:
+    """Which training pairs are trained on, read from files ahead (`TranslationDataModule`) or from a stream
+    (`TokenBudgetStream`): those with text on both sides and at most the model's positions of tokens on each. An empty
+    side teaches nothing (an empty source maps nothing to a sentence); a longer pair would have to be cut, losing the
+    end of its sentence or its `</s>`. Evaluation keeps every pair and cuts the long ones (`TranslationCollator`)."""
+
+    max_source_positions: int
+    max_target_positions: int
+
+    @staticmethod
+    def is_empty(source_text: str, target_text: str) -> bool:
+        """Whether a pair has no text on a side (whitespace only counts as none)."""
+        return not source_text.strip() or not target_text.strip()
+
+    def too_long(self, source_lengths: np.ndarray, target_lengths: np.ndarray) -> np.ndarray:
+        """Whether each pair (its token counts, `</s>` included) has more tokens on a side than the positions."""
+        return (source_lengths > self.max_source_positions) | (target_lengths > self.max_target_positions)
+
+    def nothing_kept(self, where: str, pairs: int, empty: int, too_long: int) -> DataError:
+        """The error for training data of which no pair is kept: `pairs` read, `empty` of them with an empty side and
+        `too_long` others longer than the positions."""
+        return DataError(
+            f"{where}: all {pairs} training pairs were dropped ({empty} with an empty side, {too_long} longer than "
+            f"max_source_positions={self.max_source_positions}/max_target_positions={self.max_target_positions} "
+            "tokens); raise the limits or check the languages"
+        )
+
+
+def length_order(source_lengths: np.ndarray, target_lengths: np.ndarray) -> np.ndarray:
+    """The positions of pairs in the order they are packed into batches, for data read ahead and streamed alike: by
+    source length, then target length (a stable sort: pairs of equal lengths keep their order, a shuffle's).
+
+    The target order alternates, ascending within even source lengths and descending within odd ones, so a batch that
+    crosses from one source length to the next still holds targets of similar length. One key of both lengths, sorted
+    once, holds no more than a few bytes a pair: source * 2 * span + target, in int32 where its largest value fits.
+    """
+    span = int(np.max(target_lengths, initial=0)) + 1
+    largest_key = (int(np.max(source_lengths, initial=0)) + 1) * 2 * span
+    key = np.array(source_lengths, dtype=np.int32 if largest_key < 2**31 else np.int64)
+    odd = key % 2 == 1
+    key *= 2 * span
+    np.add(key, target_lengths, out=key, casting="unsafe")
+    # Where the source length is odd: span - 1 - target, in place (no copy of the targets).
+    for _ in range(2):
+        np.subtract(key, target_lengths, out=key, where=odd, casting="unsafe")
+    np.add(key, span - 1, out=key, where=odd, casting="unsafe")
+    del odd
+    return np.argsort(key, kind="stable")
 
 
 def _integers(values: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -2,14 +2,16 @@
 
 import functools
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import datasets
 import lightning.pytorch as pl
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import torch
 import torch.distributed as dist
 from datasets import Dataset, Features, IterableDataset, List, Value
 from filelock import FileLock
@@ -18,13 +20,14 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer.decoding.translate import DECODING_MAX_TOKENS
-from hf_transformer.errors import DataError
+from hf_transformer.errors import DataError, why_unwritable
 
-from .batching import ResumableDataLoader, TokenBudgetBatchSampler, TranslationCollator
-from .sources import ROWS_PER_CACHE_BATCH, check_source, load_split, to_pairs
+from .batching import ResumableDataLoader, TokenBudgetBatchSampler, TrainingPairFilter, TranslationCollator
+from .sources import ROWS_PER_CACHE_BATCH, check_source, load_split, rebuilt_if_damaged, to_pairs, writing_cache_of
 from .streaming import StreamLoader, TokenBudgetStream, stream_split
 from .synthetic import SOURCE_LANG, TARGET_LANG, synthetic_splits
 from .tokenization import (
+    SPECIAL_TOKENS,
     backend_tokenizer,
     check_trained_on,
     encode_ids,
@@ -56,6 +59,21 @@ _ENCODED_FEATURES = Features(
     }
 )
 _ENCODED_IDS_FEATURES = Features({name: kind for name, kind in _ENCODED_FEATURES.items() if not name.endswith("_text")})
+# The data settings that a number must satisfy, checked before any work (`check_data_settings`): what a setting that
+# fails would otherwise do (a stream of no batches waits forever; a DataLoader or a sampler fails after the data is
+# read and tokenized).
+_SETTING_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "bpe_vocab_size": (lambda value: value > len(SPECIAL_TOKENS), "must be larger than the 4 special tokens"),
+    "bpe_min_frequency": (lambda value: value >= 0, "must be at least 0"),
+    "bpe_sample_size": (lambda value: value is None or value >= 1, "must be at least 1, or null for every pair"),
+    "stream_buffer": (lambda value: value >= 1, "must be at least 1: the pairs a stream shuffles and sorts at a time"),
+    "max_sentences": (lambda value: value is None or value >= 1, "must be at least 1, or null for no limit"),
+    "max_source_positions": (lambda value: value >= 1, "must be at least 1"),
+    "max_target_positions": (lambda value: value >= 1, "must be at least 1"),
+    "num_workers": (lambda value: value >= 0, "must be at least 0 (0: load in the main process)"),
+    "synthetic_train_size": (lambda value: value >= 1, "must be at least 1"),
+    "synthetic_eval_size": (lambda value: value >= 1, "must be at least 1"),
+}
 # The Trainer setting that limits the batches of each role's loader.
 _LIMIT_OF_ROLE = {"train": "limit_train_batches", "validation": "limit_val_batches", "test": "limit_test_batches"}
 
@@ -73,7 +91,8 @@ class TranslationDataModule(pl.LightningDataModule):
     the trainer's log dir).
 
     Training pairs with an empty side or longer than `max_source_positions`/`max_target_positions` tokens are
-    dropped; evaluation pairs are all kept, longer ones cut to the limits. `filter_stats` counts both per split.
+    dropped, streamed or not (`TrainingPairFilter`); evaluation pairs are all kept, longer ones cut to the limits.
+    `filter_stats` counts both per split.
     Batches: `input_ids`, `attention_mask` [B, S]; `labels` [B, T] (-100 at padding); evaluation batches also
     `source_text`, `target_text` and `index` (the pair's position in its split). Train with
     `Trainer(use_distributed_sampler=False)`: the batch sampler shards.
@@ -140,20 +159,33 @@ class TranslationDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        check_data_settings(self.hparams)
         if source_lang == target_lang:
             raise DataError(f"source_lang and target_lang are both {source_lang!r}: choose two different languages")
         if dataset != "synthetic":
             check_source(dataset)
+            if (reason := why_unwritable(datasets.config.HF_DATASETS_CACHE)) is not None:
+                raise DataError(
+                    f"the datasets cache {datasets.config.HF_DATASETS_CACHE} (HF_DATASETS_CACHE) cannot be written: "
+                    f"{reason}. Set HF_DATASETS_CACHE to a folder you can write to: the data read and tokenized is "
+                    "kept there"
+                )
         elif streaming:
             raise DataError(
                 "data.streaming reads a dataset of files or of the Hub; the synthetic task is made in memory: set "
                 "data.streaming to false"
             )
-        if max_tokens < max(max_source_positions, max_target_positions):
+        if tokenizer is None and tokenizer_dir is not None and (reason := why_unwritable(tokenizer_dir)) is not None:
             raise DataError(
-                f"max_tokens={max_tokens} is smaller than max_source_positions={max_source_positions} or "
-                f"max_target_positions={max_target_positions}: the longest allowed pair would not fit in a batch"
+                f"data.tokenizer_dir {tokenizer_dir}: cannot write there ({reason}). Give a folder you can write to "
+                "(or a tokenizer to load, data.tokenizer)"
             )
+        for name, budget in (("max_tokens", max_tokens), ("eval_max_tokens", eval_max_tokens)):
+            if budget < max(max_source_positions, max_target_positions):
+                raise DataError(
+                    f"{name}={budget} is smaller than max_source_positions={max_source_positions} or "
+                    f"max_target_positions={max_target_positions}: the longest allowed pair would not fit in a batch"
+                )
         self._raw_splits: dict[str, Dataset] = {}
         self._prepared: dict[str, tuple[Dataset, np.ndarray, np.ndarray]] = {}
         self.filter_stats: dict[str, dict[str, int]] = {}
@@ -163,6 +195,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self._collator = TranslationCollator(
             self.tokenizer.pad_token_id, max_source_positions, max_target_positions, vocab_size=len(self.tokenizer)
         )
+        self._pair_filter = TrainingPairFilter(max_source_positions, max_target_positions)
 
     # ----------------------------------------------------------------------------------------------- tokenizer
     def _load_or_train_tokenizer(self) -> PreTrainedTokenizerFast:
@@ -197,9 +230,22 @@ class TranslationDataModule(pl.LightningDataModule):
             f"Training a {hp.bpe_vocab_size}-token BPE tokenizer on {split} ({at_most}{2 * count:,} sentences, "
             "source and target)"
         )
-        rows = pairs.iter(batch_size=1000)
-        sentences = (batch[side] for batch in rows for side in ("source_text", "target_text"))
-        return train_bpe_tokenizer(sentences, hp.bpe_vocab_size, hp.bpe_min_frequency, total=2 * count)
+        read = {"pairs": 0, "texts": 0}
+
+        def sentences() -> Iterator[list[str]]:
+            for batch in pairs.iter(batch_size=1000):
+                read["pairs"] += len(batch["source_text"])
+                for side in ("source_text", "target_text"):
+                    read["texts"] += sum(1 for text in batch[side] if text.strip())
+                    yield batch[side]
+
+        tokenizer = train_bpe_tokenizer(sentences(), hp.bpe_vocab_size, hp.bpe_min_frequency, total=2 * count)
+        if not read["texts"]:  # a vocabulary of the special tokens alone; a stream of such pairs would never end
+            raise DataError(
+                f"{split}: no sentence holds text ({read['pairs']:,} pairs read, all blank), so there is nothing to "
+                "train the tokenizer or the model on. Check data.dataset, data.train_split and the languages"
+            )
+        return tokenizer
 
     def _bpe_sample(self) -> tuple[Dataset | IterableDataset, int]:
         """The training pairs the tokenizer learns from, and how many (at most, for a stream): all of them, or
@@ -261,7 +307,8 @@ class TranslationDataModule(pl.LightningDataModule):
         for role in self._prepared_roles(stage):
             pairs = self.raw_pairs(self._split_name(role))
             if pairs.cache_files:  # in memory (the synthetic task), there would be nothing to share
-                self._tokenize(pairs, keep_text=role != "train")
+                with writing_cache_of(pairs):
+                    self._tokenize(self._split_name(role), pairs, keep_text=role != "train")
 
     def _prepared_roles(self, stage: str | None) -> tuple[str, ...]:
         """The splits a stage tokenizes ahead: all it uses, but a streamed training split."""
@@ -294,14 +341,20 @@ class TranslationDataModule(pl.LightningDataModule):
             split = self._split_name(role)
             pairs = self.raw_pairs(split)
             rank_zero_info(f"{role} split {split!r}: tokenizing {len(pairs):,} pairs")
-            encoded = self._tokenize(pairs, keep_text=role != "train")
-            self._prepared[role] = self._filter(role, split, encoded)
+            with writing_cache_of(pairs):
+                encoded = self._tokenize(split, pairs, keep_text=role != "train")
+                self._prepared[role] = self._filter(role, split, encoded)
         return self._prepared[role]
 
-    def _tokenize(self, pairs: Dataset, keep_text: bool) -> Dataset:
-        """Token ids, lengths and an emptiness flag per pair; cached by `datasets` under the tokenizer's hash. The
-        text stays (`keep_text`) where translations are scored against it, evaluation; training needs the ids only,
-        and its cache is half the size without the text."""
+    def _tokenize(self, split: str, pairs: Dataset, keep_text: bool) -> Dataset:
+        """Token ids, lengths and an emptiness flag per pair; cached by `datasets` under the tokenizer's hash (built
+        again where that cache is damaged). The text stays (`keep_text`) where translations are scored against it,
+        evaluation; training needs the ids only, and its cache is half the size without the text."""
+        return rebuilt_if_damaged(
+            functools.partial(self._tokenize_pairs, pairs, keep_text), f"split {split!r}, tokenized"
+        )
+
+    def _tokenize_pairs(self, pairs: Dataset, keep_text: bool, rebuild: bool) -> Dataset:
         num_proc = min(self.hparams.num_workers, len(pairs) // _ROWS_PER_TOKENIZER_PROCESS)
         return pairs.map(
             _encode_pairs,
@@ -317,6 +370,7 @@ class TranslationDataModule(pl.LightningDataModule):
             writer_batch_size=ROWS_PER_CACHE_BATCH,
             remove_columns=None if keep_text else ["source_text", "target_text"],
             features=_ENCODED_FEATURES if keep_text else _ENCODED_IDS_FEATURES,
+            load_from_cache_file=not rebuild,
             desc="Tokenizing",
         )
 
@@ -332,7 +386,7 @@ class TranslationDataModule(pl.LightningDataModule):
         training, dropped, empties, too_long_pairs, too_long_nonempty = role == "train", [], 0, 0, 0
         for start in range(0, len(empty), _ROWS_PER_FILTER_BLOCK):
             block = slice(start, start + _ROWS_PER_FILTER_BLOCK)
-            too_long = (source[block] > hp.max_source_positions) | (target[block] > hp.max_target_positions)
+            too_long = self._pair_filter.too_long(source[block], target[block])
             empties += int(empty[block].sum())
             too_long_pairs += int(too_long.sum())
             too_long_nonempty += int((too_long & ~empty[block]).sum())
@@ -348,10 +402,8 @@ class TranslationDataModule(pl.LightningDataModule):
             "truncated": 0 if training else too_long_pairs,
         }
         if not stats["kept"]:
-            raise DataError(
-                f"split {split!r}: all {len(encoded)} training pairs were dropped ({stats['dropped_empty']} with an "
-                f"empty side, {stats['dropped_too_long']} longer than max_source_positions={hp.max_source_positions}"
-                f"/max_target_positions={hp.max_target_positions} tokens); raise the limits or check the languages"
+            raise self._pair_filter.nothing_kept(
+                f"split {split!r}", len(encoded), stats["dropped_empty"], stats["dropped_too_long"]
             )
         if training:  # training batches carry ids only: the raw text is for scoring translations in evaluation
             self._check_unknown_rate(split, encoded, source, target)
@@ -444,6 +496,7 @@ class TranslationDataModule(pl.LightningDataModule):
             seed=hp.seed,
             rank=rank,
             world_size=world_size,
+            name=f"split {hp.train_split!r} of {hp.dataset}",
         )
         return StreamLoader(stream, self._collator, batches=self._streamed_batches())
 
@@ -472,6 +525,10 @@ class TranslationDataModule(pl.LightningDataModule):
         workers = self.hparams.num_workers
         batch_sampler = self._batch_sampler(role, max_tokens, shuffle)
         self._check_batch_limit(role, batch_sampler)
+        # An iterator of a DataLoader without a generator of its own draws its workers' seed from the global RNG, the
+        # model's: a validation would shift the dropout masks of the steps after it, which a run resumed from that
+        # step's checkpoint, which does not validate it again, would not draw. (ResumableDataLoader has its own.)
+        own_generator = {} if issubclass(loader_class, ResumableDataLoader) else {"generator": torch.Generator()}
         return loader_class(
             self._prepare(role)[0],
             batch_sampler=batch_sampler,
@@ -479,6 +536,7 @@ class TranslationDataModule(pl.LightningDataModule):
             num_workers=workers,
             persistent_workers=workers > 0,
             worker_init_fn=_leave_ctrl_c_to_the_main_process,
+            **own_generator,
         )
 
     def _check_batch_limit(self, role: str, batch_sampler: TokenBudgetBatchSampler) -> None:
@@ -493,6 +551,13 @@ class TranslationDataModule(pl.LightningDataModule):
                 f"{batch_sampler.max_tokens} tokens per device, and trainer.{name}={limit} keeps {limit:.0%} of them: "
                 f"less than one. Set trainer.{name} to 1.0 (the whole split) or to a number of batches (an int, e.g. 1)"
             )
+
+
+def check_data_settings(settings: dict[str, Any]) -> None:
+    """Refuse a data setting out of its range (`_SETTING_RULES`) before any work, naming it."""
+    for name, (is_valid, rule) in _SETTING_RULES.items():
+        if not is_valid(settings[name]):
+            raise DataError(f"data.{name}={settings[name]!r} {rule}")
 
 
 def _leave_ctrl_c_to_the_main_process(worker_id: int) -> None:
@@ -517,7 +582,8 @@ def _encode_pairs(batch: dict[str, list[str]], tokenizer: str, unknown_id: int |
             for source_ids, target_ids in zip(source, target, strict=True)
         ],
         "empty": [
-            not s.strip() or not t.strip() for s, t in zip(batch["source_text"], batch["target_text"], strict=True)
+            TrainingPairFilter.is_empty(source_text, target_text)
+            for source_text, target_text in zip(batch["source_text"], batch["target_text"], strict=True)
         ],
     }
 

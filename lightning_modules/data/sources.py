@@ -11,20 +11,33 @@ import csv
 import gzip
 import io
 import re
+import shutil
 import zlib
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
+import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from datasets import Dataset, Features, Translation, Value, concatenate_datasets, load_dataset
+from datasets import (
+    Dataset,
+    DatasetDict,
+    DownloadMode,
+    Features,
+    Translation,
+    Value,
+    concatenate_datasets,
+    load_dataset,
+)
 from datasets.exceptions import DatasetGenerationError
 from datasets.fingerprint import Hasher
-from lightning.pytorch.utilities import rank_zero_info
+from filelock import FileLock
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from hf_transformer.errors import DataError
+from hf_transformer.errors import DataError, DiskFull, UserError, is_disk_full
 
 # Builder name and options per file extension. csv/tsv: every field is text ("NA", "null" and blank lines included).
 _TEXT_CSV_OPTIONS = {"keep_default_na": False, "na_filter": False, "skip_blank_lines": False}
@@ -40,6 +53,8 @@ _TEXT_FEATURES = Features({"text": Value("string")})
 # The UTF-8 byte-order mark that some editors (Windows Notepad, Excel) write at the start of a file.
 _BYTE_ORDER_MARK = codecs.BOM_UTF8.decode()
 _LONE_CARRIAGE_RETURN = re.compile(rb"\r(?!\n)")
+# The name of the temporary file that `datasets` writes a cache file into (`tempfile.NamedTemporaryFile`'s).
+_LEFT_BY_A_KILLED_WRITE = re.compile(r"tmp[a-z0-9_]{8}")
 # The first bytes of a file in which a NUL byte marks binary data (git reads as many).
 _BINARY_CHECK_BYTES = 8000
 # What reading a .gz file that is cut short, damaged or no gzip data raises.
@@ -52,6 +67,10 @@ ROWS_PER_CACHE_BATCH = 10_000
 # The names a local folder may give the splits that Hub datasets call `validation` and `test`: a corpus's own words,
 # and Multi30k's raw release (`val`, and `test_2016_flickr`, the test set that its Hub copies call `test`).
 SPLIT_SYNONYMS = {"validation": ("val", "valid", "dev"), "test": ("test_2016_flickr",)}
+# What `load_dataset` does to build a dataset whose cache is damaged: generate it again from the data files (or the
+# downloads of a Hub dataset) that the cache holds.
+_REBUILD = DownloadMode.REUSE_CACHE_IF_EXISTS
+CachedData = TypeVar("CachedData", Dataset, DatasetDict)
 # The fix for a language not in the data: the data module fields that name languages.
 _CHOOSE_LANGUAGES = "Choose data.source_lang and data.target_lang among them"
 
@@ -85,14 +104,18 @@ def check_source(dataset: str) -> None:
 
 
 def _load_single_file(path: Path, split: str, source_lang: str, target_lang: str) -> Dataset:
-    # A lone file is a split of its own name (train.jsonl); other splits need the `{split}` placeholder.
+    check_single_file_split(path, split)
+    return _load_table_file(path, source_lang, target_lang)
+
+
+def check_single_file_split(path: Path, split: str) -> None:
+    """A lone file is a split of its own name (train.jsonl); other splits need the `{split}` placeholder."""
     if path.name.split(".")[0] != split:
         raise DataError(
             f"split {split!r}: the dataset is the single file {path}, which holds only the split "
             f"{path.name.split('.')[0]!r}; give a folder of {{split}}.<ext> files or a path with a {{split}} "
             f"placeholder (e.g. {path.parent / ('{split}' + ''.join(path.suffixes))})"
         )
-    return _load_table_file(path, source_lang, target_lang)
 
 
 def has_top_level_files(folder: Path) -> bool:
@@ -125,6 +148,15 @@ def find_split_files(folder: Path, split: str) -> dict[str, Path]:
 
 
 def _load_from_folder(folder: Path, split: str, source_lang: str, target_lang: str) -> Dataset:
+    files = split_files(folder, split, source_lang, target_lang)
+    if len(files) == 1:
+        return _load_table_file(files[0], source_lang, target_lang)
+    return _load_text_pair(*files, source_lang, target_lang)
+
+
+def split_files(folder: Path, split: str, source_lang: str, target_lang: str) -> tuple[Path, ...]:
+    """The files of `split` in a folder of our flat layout, read ahead or streamed alike: its table file, or its
+    source and target text files; an error naming what was looked for and what is there instead."""
     files = find_split_files(folder, split)
     if not files:
         raise DataError(
@@ -134,14 +166,14 @@ def _load_from_folder(folder: Path, split: str, source_lang: str, target_lang: s
         )
     tables = [path for kind, path in files.items() if kind in TABLE_FORMATS]
     if tables:
-        return _load_table_file(tables[0], source_lang, target_lang)
+        return (tables[0],)
     for lang in (source_lang, target_lang):
         if lang not in files:
             raise DataError(
                 f"language {lang!r} not in the data: looked for {folder}/{split}.{lang}[.gz]; languages present for "
                 f"split {split!r}: {', '.join(files)}. {_CHOOSE_LANGUAGES}"
             )
-    return _load_text_pair(files[source_lang], files[target_lang], source_lang, target_lang)
+    return files[source_lang], files[target_lang]
 
 
 def _splits_in(folder: Path) -> str:
@@ -173,13 +205,21 @@ def _read_lines(path: Path) -> Dataset:
     if not _has_lone_carriage_return(path):
         return _without_byte_order_marks(path, _load_dataset_file("text", path, features=_TEXT_FEATURES))
     status = path.stat()
-    return Dataset.from_generator(
-        _text_rows,
-        features=_TEXT_FEATURES,
-        gen_kwargs={"path": str(path)},
-        fingerprint=Hasher.hash([_text_rows, str(path.resolve()), status.st_size, status.st_mtime_ns]),
-        writer_batch_size=ROWS_PER_CACHE_BATCH,
-    )
+    fingerprint = Hasher.hash([_text_rows, str(path.resolve()), status.st_size, status.st_mtime_ns])
+
+    def read(rebuild: bool) -> Dataset:
+        if rebuild:  # `from_generator` reuses what its cache holds: remove it (its folder is named by the fingerprint)
+            for folder in Path(datasets.config.HF_DATASETS_CACHE).glob(f"generator/default-fingerprint={fingerprint}"):
+                shutil.rmtree(folder)
+        return Dataset.from_generator(
+            _text_rows,
+            features=_TEXT_FEATURES,
+            gen_kwargs={"path": str(path)},
+            fingerprint=fingerprint,
+            writer_batch_size=ROWS_PER_CACHE_BATCH,
+        )
+
+    return rebuilt_if_damaged(read, str(path))
 
 
 def _has_lone_carriage_return(path: Path) -> bool:
@@ -200,13 +240,21 @@ def _without_byte_order_marks(path: Path, lines: Dataset) -> Dataset:
     with _open_binary(path) as file:
         if file.read(len(codecs.BOM_UTF8)) != codecs.BOM_UTF8:
             return lines
-    return lines.map(
-        lambda batch: {"text": [line.removeprefix(_BYTE_ORDER_MARK) for line in batch["text"]]},
-        batched=True,
-        batch_size=ROWS_PER_CACHE_BATCH,  # a batched map writes a record batch per batch it maps
-        writer_batch_size=ROWS_PER_CACHE_BATCH,
-        desc="Removing the byte-order mark",
+    return rebuilt_if_damaged(
+        lambda rebuild: lines.map(
+            _without_byte_order_mark,
+            batched=True,
+            batch_size=ROWS_PER_CACHE_BATCH,  # a batched map writes a record batch per batch it maps
+            writer_batch_size=ROWS_PER_CACHE_BATCH,
+            load_from_cache_file=not rebuild,
+            desc="Removing the byte-order mark",
+        ),
+        str(path),
     )
+
+
+def _without_byte_order_mark(batch: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {"text": [line.removeprefix(_BYTE_ORDER_MARK) for line in batch["text"]]}
 
 
 def _text_rows(path: str) -> Iterator[dict[str, str]]:
@@ -221,10 +269,16 @@ def text_lines(path: Path) -> Iterator[str]:
     inside a sentence made it two lines, and every later pair of line-aligned files was shifted by one, unnoticed
     where the other file had a stray "\r" too. Here it stays part of its line. A byte-order mark at the start of a line
     (of the file, or of one of the files that were concatenated into it) is no part of the text: left in, it became a
-    token of the vocabulary (the csv and json readers drop it themselves)."""
-    with _open_binary(path) as binary, io.TextIOWrapper(binary, encoding="utf-8", newline="\n") as text:
-        for line in text:
-            yield line.removeprefix(_BYTE_ORDER_MARK).removesuffix("\n").removesuffix("\r")
+    token of the vocabulary (the csv and json readers drop it themselves). A file that is not UTF-8 text, or a damaged
+    .gz, is named with the line where it fails, as `named_read_errors` names it for the other readers."""
+    try:
+        with _open_binary(path) as binary, io.TextIOWrapper(binary, encoding="utf-8", newline="\n") as text:
+            for line in text:
+                yield line.removeprefix(_BYTE_ORDER_MARK).removesuffix("\n").removesuffix("\r")
+    except UnicodeDecodeError as error:
+        raise (_undecodable(path) or DataError(f"{path} is not UTF-8 text ({error})")) from error
+    except _GZIP_ERRORS as error:
+        raise _broken_gzip(path, error) from error
 
 
 def _load_table_file(path: Path, source_lang: str, target_lang: str) -> Dataset:
@@ -241,38 +295,144 @@ def _load_table_file(path: Path, source_lang: str, target_lang: str) -> Dataset:
 
 
 def _load_dataset_file(builder: str, path: Path, **options) -> Dataset:
-    return load_dataset(builder, data_files=str(path), split="train", writer_batch_size=ROWS_PER_CACHE_BATCH, **options)
+    return rebuilt_if_damaged(
+        lambda rebuild: load_dataset(
+            builder,
+            data_files=str(path),
+            split="train",
+            writer_batch_size=ROWS_PER_CACHE_BATCH,
+            download_mode=_REBUILD if rebuild else None,
+            **options,
+        ),
+        str(path),
+    )
+
+
+def rebuilt_if_damaged(load: Callable[[bool], CachedData], what: str) -> CachedData:
+    """`load(False)`, which reads `what` from the `datasets` cache where it holds it; where a file of that cache cannot
+    be read (a copy or a disk cut it short: pyarrow raised its ArrowInvalid, or its OSError, which has no errno where
+    the OS's own errors have one), `load(True)`, which builds it again in its place, and a warning naming the cache. A
+    data file that cannot be read fails the second time too, with its own error; a full disk is a `DiskFull` naming
+    the cache."""
+    with _disk_full_named(what):
+        try:
+            return load(False)
+        except (pa.ArrowInvalid, OSError) as error:
+            if isinstance(error, OSError) and (type(error) is not OSError or error.errno is not None):
+                raise
+            damaged = error
+        rebuilt = load(True)
+    data = next(iter(rebuilt.values())) if isinstance(rebuilt, DatasetDict) else rebuilt
+    where = Path(data.cache_files[0]["filename"]).parent if data.cache_files else "memory"
+    rank_zero_warn(f"{what}: its copy in the datasets cache was damaged ({damaged}); built it again in {where}")
+    return rebuilt
+
+
+@contextmanager
+def _disk_full_named(what: str) -> Iterator[None]:
+    """A full disk while `datasets` writes `what` into its cache, as one error naming the cache and the fix (it said
+    "could not read" the data file, or ended in a traceback)."""
+    try:
+        yield
+    except Exception as error:
+        if not is_disk_full(error):
+            raise
+        cache = Path(datasets.config.HF_DATASETS_CACHE)
+        free = shutil.disk_usage(cache if cache.is_dir() else cache.parent).free / 2**20
+        raise DiskFull(
+            f"no space left on the disk of the datasets cache {cache} (HF_DATASETS_CACHE) while writing {what} there "
+            f"({free:,.0f} MiB free): free space there, or set HF_DATASETS_CACHE to a folder on another disk"
+        ) from error
 
 
 def _read_file(path: Path, builder: str, read: Callable[[], Dataset]) -> Dataset:
-    """One local file read by `read` (a `datasets` builder, named `builder`), with its failures explained in terms
-    of the file."""
+    """One local file read by `read` (a `datasets` builder, named `builder`), checked first and with its failures
+    explained in terms of the file, as a stream of it is (`check_data_file`, `named_read_errors`)."""
+    check_data_file(path)
+    with named_read_errors(path, builder):
+        return read()
+
+
+def check_data_file(path: Path) -> None:
+    """What reading a local data file checks before it starts, ahead (`load_split`) or as a stream (`stream_split`)
+    alike: that the file exists, holds data, and is text (a parquet file aside) rather than binary data or UTF-16, in
+    its first bytes (a NUL byte: binary data, as git and grep tell it; UTF-8 text holds none)."""
+    if not path.is_file():
+        raise DataError(f"data file not found: looked for {path}")
     try:
         with _open_binary(path) as file:
-            if not file.read(1):
-                raise DataError(f"{path} is empty: a split needs at least one pair")
-        return read()
+            head = file.read(_BINARY_CHECK_BYTES)
     except _GZIP_ERRORS as error:
         raise _broken_gzip(path, error) from error
-    except DatasetGenerationError as error:
-        cause = error.__cause__
+    if not head:
+        raise DataError(f"{path} is empty: a split needs at least one pair")
+    if not path.name.removesuffix(".gz").endswith(".parquet") and (problem := _not_text(path, head)) is not None:
+        raise problem
+
+
+@contextmanager
+def named_read_errors(path: Path, builder: str) -> Iterator[None]:
+    """Failures of reading the local file `path` as `builder` (a `datasets` builder) inside the block, explained in
+    terms of the file: a damaged .gz, bytes that are not UTF-8 (the line), a file that is not of its type. A read
+    ahead raises them wrapped in a `DatasetGenerationError`, a stream as they are."""
+    try:
+        yield
+    except UserError:
+        raise
+    except _GZIP_ERRORS as error:
+        raise _broken_gzip(path, error) from error
+    except (DatasetGenerationError, UnicodeDecodeError) as error:
+        cause = error.__cause__ if isinstance(error, DatasetGenerationError) else error
+        if isinstance(cause, UserError):
+            raise cause from error
         if isinstance(cause, _GZIP_ERRORS):
             raise _broken_gzip(path, cause) from error
         if (problem := _undecodable(path)) is not None:  # binary or not UTF-8: a parse error would not say so
             raise problem from error
         raise DataError(f"could not read {path} as {builder}: {cause or error}") from error
     except pa.ArrowInvalid as error:  # the parquet builder reads the file's footer before it generates any rows
+        if (problem := _undecodable(path)) is not None:
+            raise problem from error
         raise DataError(
             f"could not read {path} as {builder} ({error}): write it again as a {builder} file, or give it the "
             "extension of its format"
         ) from error
 
 
+@contextmanager
+def writing_cache_of(data: Dataset) -> Iterator[None]:
+    """Around `datasets` writing new cache files beside those of `data` (a map, a selection): one process of this
+    package at a time (a lock in that folder), and none of the temporary files that such a write left behind when its
+    process was killed or its disk was full (`tmp` and 8 characters, a `NamedTemporaryFile`, renamed into place when
+    complete): while the lock is held, no other process of ours is writing one, and nothing else reads them."""
+    if not data.cache_files:  # in memory: nothing is written
+        yield
+        return
+    folder = Path(data.cache_files[0]["filename"]).parent
+    with FileLock(folder / ".hf_transformer-writing.lock"):
+        _remove_temporary_files(folder)
+        try:
+            yield
+        finally:  # a write that failed (a full disk) leaves its temporary file too
+            _remove_temporary_files(folder)
+
+
+def _remove_temporary_files(folder: Path) -> None:
+    for path in folder.iterdir():
+        if _LEFT_BY_A_KILLED_WRITE.fullmatch(path.name) and path.is_file():
+            path.unlink(missing_ok=True)
+
+
 def _load_with_datasets(dataset: str, config: str | None, split: str, source_lang: str, target_lang: str) -> Dataset:
     """A Hub dataset (or a local folder in a layout `datasets` infers splits from)."""
     origin = f"dataset {dataset!r}" + (f" (config {config!r})" if config else "")
     try:
-        splits = load_dataset(dataset, config, writer_batch_size=ROWS_PER_CACHE_BATCH)
+        splits = rebuilt_if_damaged(
+            lambda rebuild: load_dataset(
+                dataset, config, writer_batch_size=ROWS_PER_CACHE_BATCH, download_mode=_REBUILD if rebuild else None
+            ),
+            origin,
+        )
     except Exception as error:  # datasets raises many types here; each means the same to the user
         raise DataError(
             f"could not load {origin}: not 'synthetic', not a file, not a folder with {split}.<lang>[.gz] or "
@@ -350,18 +510,8 @@ def _undecodable(path: Path) -> DataError | None:
         return None
     try:
         with _open_binary(path) as lines:
-            head = lines.read(_BINARY_CHECK_BYTES)
-            if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-                return DataError(
-                    f"{path} is UTF-16 text (what Windows calls Unicode); re-encode the file as UTF-8 (e.g. iconv -f "
-                    "utf-16 -t utf-8)"
-                )
-            if b"\0" in head:  # as git and grep tell binary files: text holds no NUL bytes, and re-encoding won't help
-                line = head.count(b"\n", 0, head.index(b"\0")) + 1
-                return DataError(
-                    f"{path} is binary data, not text (a NUL byte on line {line}). Give the split's text file (UTF-8, "
-                    "one sentence per line, or gzip-compressed text ending in .gz)"
-                )
+            if (problem := _not_text(path, lines.read(_BINARY_CHECK_BYTES))) is not None:
+                return problem
             lines.seek(0)
             for number, line in enumerate(lines, start=1):
                 try:
@@ -373,6 +523,22 @@ def _undecodable(path: Path) -> DataError | None:
                     )
     except _GZIP_ERRORS as error:
         return _broken_gzip(path, error)
+    return None
+
+
+def _not_text(path: Path, head: bytes) -> DataError | None:
+    """The error for a file whose first bytes (`head`) say that it is UTF-16 text or binary data, or None."""
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return DataError(
+            f"{path} is UTF-16 text (what Windows calls Unicode); re-encode the file as UTF-8 (e.g. iconv -f utf-16 -t "
+            "utf-8)"
+        )
+    if b"\0" in head:  # as git and grep tell binary files: text holds no NUL bytes, and re-encoding won't help
+        line = head.count(b"\n", 0, head.index(b"\0")) + 1
+        return DataError(
+            f"{path} is binary data, not text (a NUL byte on line {line}). Give the split's text file (UTF-8, one "
+            "sentence per line, or gzip-compressed text ending in .gz)"
+        )
     return None
 
 

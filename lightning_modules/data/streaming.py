@@ -23,47 +23,62 @@ from hf_transformer.errors import DataError
 from hf_transformer.token_budget import token_budget_boundaries
 
 from ..checkpoint import every_rank, this_ranks
-from .sources import TABLE_FORMATS, find_split_files, has_top_level_files, text_lines
+from .batching import TrainingPairFilter, length_order
+from .sources import (
+    TABLE_FORMATS,
+    check_data_file,
+    check_single_file_split,
+    has_top_level_files,
+    named_read_errors,
+    split_files,
+    text_lines,
+)
 
 
 def stream_split(dataset: str, config: str | None, split: str, source_lang: str, target_lang: str) -> IterableDataset:
     """The pairs of one split of `dataset`, read as a stream: rows of `source_text` and `target_text`. `dataset` is
     a Hub dataset id (or a folder in a layout `datasets` reads), a folder of `{split}.{lang}[.gz]` text files or of
-    `{split}.<table format>` files, or a path with a `{split}` placeholder."""
+    `{split}.<table format>` files, one such file, or a path with a `{split}` placeholder: the sources `load_split`
+    reads ahead, found, checked (`check_data_file`) and read by the same rules, their failures named alike."""
     path = Path(dataset)
     if "{split}" in dataset:
-        stream = _stream_table(Path(dataset.replace("{split}", split)))
+        files: tuple[Path, ...] = (Path(dataset.replace("{split}", split)),)
+    elif path.is_file():
+        check_single_file_split(path, split)
+        files = (path,)
     elif path.is_dir() and has_top_level_files(path):
-        files = find_split_files(path, split)
-        tables = [file for kind, file in files.items() if kind in TABLE_FORMATS]
-        if tables:
-            stream = _stream_table(tables[0])
-        elif source_lang in files and target_lang in files:
-            stream = IterableDataset.from_generator(
-                _line_pairs, gen_kwargs={"files": [(str(files[source_lang]), str(files[target_lang]))]}
-            )
-            return stream.rename_columns({"source": "source_text", "target": "target_text"})
-        else:
-            raise DataError(
-                f"split {split!r} of {path}: no {split}.<{','.join(TABLE_FORMATS)}> file and no {split}.{source_lang} "
-                f"and {split}.{target_lang} files to stream (found: {', '.join(files) or 'none'})"
-            )
+        files = split_files(path, split, source_lang, target_lang)
     else:
         try:
             stream = load_dataset(dataset, config, split=split, streaming=True)
         except Exception as error:  # datasets raises many types here; each means the same to the user
             raise DataError(f"could not stream split {split!r} of dataset {dataset!r}: {error}") from error
+        return _pairs_of(stream, source_lang, target_lang)
+    kind = files[0].name.removesuffix(".gz").rsplit(".", 1)[-1]
+    if len(files) == 1 and kind not in TABLE_FORMATS:
+        raise DataError(f"{files[0]}: unknown data file type {kind!r}; use one of {', '.join(TABLE_FORMATS)} (or .gz)")
+    for file in files:
+        check_data_file(file)
+    if len(files) == 1:
+        stream = IterableDataset.from_generator(_table_rows, gen_kwargs={"paths": [str(files[0])]})
+        return _pairs_of(stream, source_lang, target_lang)
+    stream = IterableDataset.from_generator(_line_pairs, gen_kwargs={"files": [tuple(map(str, files))]})
+    return stream.rename_columns({"source": "source_text", "target": "target_text"})
+
+
+def _pairs_of(stream: IterableDataset, source_lang: str, target_lang: str) -> IterableDataset:
     return stream.map(_pair_of, fn_kwargs={"source_lang": source_lang, "target_lang": target_lang}).select_columns(
         ["source_text", "target_text"]
     )
 
 
-def _stream_table(path: Path) -> IterableDataset:
-    kind = path.name.removesuffix(".gz").rsplit(".", 1)[-1]
-    if kind not in TABLE_FORMATS or not path.is_file():
-        raise DataError(f"cannot stream {path}: no such data file of a known type ({', '.join(TABLE_FORMATS)})")
-    builder, options = TABLE_FORMATS[kind]
-    return load_dataset(builder, data_files=str(path), split="train", streaming=True, **options)
+def _table_rows(paths: list[str]) -> Iterator[dict[str, Any]]:
+    """The rows of local table files (one shard each), read by `datasets`' reader of their type, their failures named
+    as a read ahead names them (`named_read_errors`)."""
+    for path in map(Path, paths):
+        builder, options = TABLE_FORMATS[path.name.removesuffix(".gz").rsplit(".", 1)[-1]]
+        with named_read_errors(path, builder):
+            yield from load_dataset(builder, data_files=str(path), split="train", streaming=True, **options)
 
 
 def _line_pairs(files: list[tuple[str, str]]) -> Iterator[dict[str, str]]:
@@ -99,9 +114,11 @@ class TokenBudgetStream:
     Each pass (epoch) over the stream: the shards in a seeded order and a shuffle buffer of `shuffle_buffer` pairs
     (`datasets`' `shuffle` with the pass as its epoch), this rank's share (`split_dataset_by_node`: whole shards
     where they divide by the ranks, else every `world_size`-th pair), then `sort_buffer` pairs at a time: encoded,
-    those with an empty side or longer than the positions dropped (as the prepared path drops them), sorted by
-    length, packed under `max_tokens` (`token_budget_boundaries`) and given in a seeded random order. Yields lists of
-    rows (`input_ids`, `labels`) for the collator.
+    those with an empty side or longer than the positions dropped and the rest sorted by length as the prepared path
+    drops and sorts them (`TrainingPairFilter`, `length_order`), packed under `max_tokens` (`token_budget_boundaries`)
+    and given in a seeded random order. Yields lists of rows (`input_ids`, `labels`) for the collator. A pass that
+    gives no batch (no pair, or none kept) stops with a `DataError` saying so about `name` (the split): the next
+    would give none either, and the training loop would wait for a batch forever.
     """
 
     def __init__(
@@ -118,10 +135,13 @@ class TokenBudgetStream:
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        name: str = "the stream",
     ) -> None:
-        self.pairs, self.encode = pairs, encode
+        if shuffle_buffer < 1 or sort_buffer < 1:
+            raise ValueError(f"shuffle_buffer ({shuffle_buffer}) and sort_buffer ({sort_buffer}) must be at least 1")
+        self.pairs, self.encode, self.name = pairs, encode, name
         self.max_tokens, self.max_sentences = max_tokens, max_sentences
-        self.max_positions = (max_source_positions, max_target_positions)
+        self.pair_filter = TrainingPairFilter(max_source_positions, max_target_positions)
         self.shuffle_buffer, self.sort_buffer = shuffle_buffer, sort_buffer
         self.seed, self.rank, self.world_size = seed, rank, world_size
 
@@ -135,33 +155,50 @@ class TokenBudgetStream:
         stream = self.pairs.shuffle(seed=self.seed, buffer_size=self.shuffle_buffer)
         stream.set_epoch(epoch)
         stream = split_dataset_by_node(stream, rank=self.rank, world_size=self.world_size)
-        rows = iter(stream)
+        rows, counts, given = iter(stream), {"pairs": 0, "empty": 0, "too_long": 0}, 0
         for chunk_index in range(2**62):
             chunk = list(islice(rows, self.sort_buffer))
             if not chunk:
-                return
-            yield from self._pack(chunk, np.random.default_rng([self.seed, epoch, self.rank, chunk_index]))
+                break
+            for batch in self._pack(chunk, np.random.default_rng([self.seed, epoch, self.rank, chunk_index]), counts):
+                given += 1
+                yield batch
+        if not given:
+            raise self._nothing_to_train(counts)
 
-    def _pack(self, chunk: list[dict[str, str]], rng: np.random.Generator) -> Iterator[list[dict[str, Any]]]:
+    def _nothing_to_train(self, counts: dict[str, int]) -> DataError:
+        where = self.name + (f", the share of rank {self.rank} of {self.world_size}" if self.world_size > 1 else "")
+        if counts["pairs"]:
+            return self.pair_filter.nothing_kept(
+                f"{where}, streamed", counts["pairs"], counts["empty"], counts["too_long"]
+            )
+        more = "; use fewer devices, or a split of more pairs" if self.world_size > 1 else ""
+        return DataError(f"{where}: a whole pass of the stream read no pair to train on{more}")
+
+    def _pack(
+        self, chunk: list[dict[str, str]], rng: np.random.Generator, counts: dict[str, int]
+    ) -> Iterator[list[dict[str, Any]]]:
+        """The batches of a chunk of rows, in a random order; `counts` adds the pairs read and dropped."""
         sources = self.encode([row["source_text"] for row in chunk])
         targets = self.encode([row["target_text"] for row in chunk])
-        kept = [
-            {"input_ids": source, "labels": target}
-            for row, source, target in zip(chunk, sources, targets, strict=True)
-            if row["source_text"].strip()
-            and row["target_text"].strip()
-            and len(source) <= self.max_positions[0]
-            and len(target) <= self.max_positions[1]
-        ]
-        if not kept:
+        empty = np.array([self.pair_filter.is_empty(row["source_text"], row["target_text"]) for row in chunk])
+        source_lengths = np.array([len(ids) for ids in sources])
+        target_lengths = np.array([len(ids) for ids in targets])
+        too_long = self.pair_filter.too_long(source_lengths, target_lengths) & ~empty
+        counts["pairs"] += len(chunk)
+        counts["empty"] += int(empty.sum())
+        counts["too_long"] += int(too_long.sum())
+        kept = np.flatnonzero(~(empty | too_long))
+        if not len(kept):
             return
-        source_lengths = np.array([len(row["input_ids"]) for row in kept])
-        target_lengths = np.array([len(row["labels"]) for row in kept])
-        order = np.lexsort((target_lengths, source_lengths))
+        order = kept[length_order(source_lengths[kept], target_lengths[kept])]
         costs = np.maximum(source_lengths, target_lengths)[order]
         boundaries = token_budget_boundaries(costs, self.max_tokens, self.max_sentences)
         for batch in rng.permutation(len(boundaries) - 1):
-            yield [kept[index] for index in order[boundaries[batch] : boundaries[batch + 1]]]
+            yield [
+                {"input_ids": sources[index], "labels": targets[index]}
+                for index in order[boundaries[batch] : boundaries[batch + 1]]
+            ]
 
     def __iter__(self) -> Iterator[list[dict[str, Any]]]:
         for _, batches in self.passes(0):
