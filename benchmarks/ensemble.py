@@ -60,7 +60,7 @@ def fit_overrides(seed: int | str, args: argparse.Namespace, work: Path) -> list
         *configs(args),
         f"--seed_everything={seed}",
         f"--trainer.max_steps={args.steps}",
-        f"--model.warmup_steps={args.warmup_steps}",
+        f"--model.schedule.warmup_steps={args.warmup_steps}",
         "--trainer.limit_val_batches=0",
         f"--checkpoint.every_n_train_steps={args.steps}",
         "--trainer.enable_progress_bar=false",

@@ -114,6 +114,7 @@ class TranslationEngine:
         ensemble = Ensemble([engine.model for engine in engines], average=average, names=names)
         return cls(first.tokenizer, model=ensemble, name=" + ".join(names))
 
+    @classmethod
     def from_ctranslate2(cls, folder: str | Path, device: str = "cpu") -> TranslationEngine:
         """The runtime of the "ctranslate2" format (the optional ctranslate2 package)."""
         try:

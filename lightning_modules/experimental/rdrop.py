@@ -14,27 +14,31 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 from hf_transformer import TransformerConfig
 from hf_transformer.errors import ConfigError
 from hf_transformer.model.integrity import check_token_ids
 from hf_transformer.model.loss import IGNORE_INDEX, logits_chunks, projection_dtype, target_span
 
-from ..module import TranslationModule, batch_inputs, model_config
+from ..module import TranslationModule, batch_inputs
 
 # The model's dropouts: R-Drop compares the outputs of two masks of them.
 DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")
 
 
-def check_has_dropout(config: TransformerConfig) -> None:
-    """Refuse R-Drop on a model without dropout: its two copies of a pair would be one and the same computation, so
-    each step would run every pair twice for a divergence that is always 0."""
+def warn_without_dropout(config: TransformerConfig) -> None:
+    """Warn of R-Drop on a model without dropout: its two copies of a pair are one and the same computation, so each
+    step runs every pair twice for a divergence that is always 0. A warning, not an error: that is also the way to
+    check that R-Drop's loss reduces to the plain loss."""
     if not any(getattr(config, name) for name in DROPOUTS):
-        raise ConfigError(
+        rank_zero_warn(
             f"R-Drop (model.class_path {RDropTranslationModule.__module__.rsplit('.', 1)[0]}.RDropTranslationModule) "
             "compares the outputs of two dropout masks, but every dropout of the model is 0 ("
-            f"{', '.join(f'model.config.{name}' for name in DROPOUTS)}): each step would run every pair twice for a "
-            "divergence that is always 0. Set a dropout above 0, or train the plain lightning_modules.TranslationModule"
+            f"{', '.join(f'model.config.{name}' for name in DROPOUTS)}): each step runs every pair twice for a "
+            "divergence that is always 0. Set a dropout above 0, or train the plain "
+            "lightning_modules.TranslationModule",
+            category=UserWarning,
         )
 
 
@@ -182,7 +186,7 @@ class RDropTranslationModule(TranslationModule):
     def __init__(self, alpha: float = 5.0, **kwargs: Any) -> None:
         check_alpha(alpha)
         super().__init__(**kwargs)
-        check_has_dropout(self.model.config)
+        warn_without_dropout(self.model.config)
         self.alpha = alpha
         # The last training loss's divergence, summed over its target tokens: written inside `training_loss`, which
         # may be compiled, and logged by `training_step`.
@@ -192,7 +196,6 @@ class RDropTranslationModule(TranslationModule):
     def check_arguments(cls, arguments: Mapping[str, Any]) -> None:
         super().check_arguments(arguments)
         check_alpha(arguments.get("alpha", 5.0))
-        check_has_dropout(model_config(arguments["preset"], arguments["config"], arguments["init_from"]))
 
     def training_loss(self, batch: dict[str, Any], num_items_in_batch: torch.Tensor | None = None) -> torch.Tensor:
         """R-Drop's loss of the batch run twice, divided by twice `num_items_in_batch` (by default the batch's target
