@@ -153,11 +153,25 @@ def test_training_that_ends_between_step_checkpoints_saves_its_last_steps(run_di
     assert checkpoint_steps(run_dir) == {"step000003.ckpt": 3, "step000006.ckpt": 6, "last.ckpt": 7}
 
 
-def test_bf16_mixed_trains_on_cpu(run_dir):
-    fit("--trainer.max_steps=3", "--trainer.precision=bf16-mixed")
+def test_bf16_mixed_trains_on_cpu_multiplying_in_bf16_and_keeping_float32_weights(run_dir):
+    """Every linear layer of the training steps computes in bfloat16 (autocast), while the weights the optimizer
+    updates, and the checkpoint keeps, stay float32: the precision is that of bf16-mixed, not ignored nor bf16-true."""
+    training_dtypes = set()
+
+    def record(module: torch.nn.Module, inputs, output) -> None:
+        if isinstance(module, torch.nn.Linear) and module.training:
+            training_dtypes.add(output.dtype)
+
+    hook = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        fit("--trainer.max_steps=3", "--trainer.precision=bf16-mixed")
+    finally:
+        hook.remove()
+    assert training_dtypes == {torch.bfloat16}
     checkpoint = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")
     assert checkpoint["global_step"] == 3
-    assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values() if t.is_floating_point())
+    weights = [t for t in checkpoint["state_dict"].values() if t.is_floating_point()]
+    assert all(t.dtype == torch.float32 and torch.isfinite(t).all() for t in weights)
 
 
 def checkpoint_steps(run_dir: Path) -> dict[str, int]:
@@ -552,16 +566,28 @@ def test_export_as_marian_from_a_checkpoint_or_a_folder_loads_without_remote_cod
         assert torch.equal(marian.generate(**inputs, max_new_tokens=12), expected), folder
 
 
-def test_checkpoint_averaging_is_the_mean_of_the_weights(run_dir):
+def test_checkpoint_averaging_is_the_mean_of_the_weights(run_dir, capsys):
+    """`average_checkpoints` and `export --average 2` give the mean of the last two step checkpoints' weights: the
+    exported ones, summed in float64 and rounded once to float32, exactly."""
     fit("--trainer.max_steps=9")
-    paths = sorted((run_dir / "runs/demo/checkpoints").glob("step*.ckpt"))[-2:]
-    averaged = average_checkpoints(paths)
-    first, second = (load_checkpoint(path)["state_dict"] for path in paths)
+    folder = run_dir / "runs/demo/checkpoints"
+    by_step = {load_checkpoint(path)["global_step"]: path for path in folder.glob("step*.ckpt")}
+    assert sorted(by_step) == [3, 6, 9]
+    averaged = average_checkpoints([by_step[6], by_step[9]])
+    first, second = (load_checkpoint(by_step[step])["state_dict"] for step in (6, 9))
     for name, tensor in averaged["state_dict"].items():
         if tensor.is_floating_point():
             torch.testing.assert_close(tensor, (first[name] + second[name]) / 2)
-    main(["export", str(run_dir / "runs/demo/checkpoints"), str(run_dir / "averaged"), "--average", "2"])
-    assert (run_dir / "averaged" / "model.safetensors").exists()
+    capsys.readouterr()
+    main(["export", str(folder), str(run_dir / "averaged"), "--average", "2"])
+    assert f"Averaged 2 checkpoints of {folder}, steps 6, 9" in capsys.readouterr().out
+    exported = TransformerForConditionalGeneration.from_pretrained(run_dir / "averaged").state_dict()
+    assert {f"model.{name}" for name in exported} <= set(first)
+    for name, tensor in exported.items():
+        mean = (first[f"model.{name}"].double() + second[f"model.{name}"].double()) / 2
+        torch.testing.assert_close(tensor, mean.float(), atol=0, rtol=0, msg=name)
+    # ... which the other checkpoints would not give: every weight moved between steps 6 and 9.
+    assert all(not torch.equal(first[f"model.{name}"], second[f"model.{name}"]) for name in exported)
 
 
 EMA = ("--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging", "--trainer.callbacks.decay=0.9")
