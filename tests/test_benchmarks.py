@@ -1,5 +1,7 @@
-"""Smoke tests: every benchmark script runs end to end at a tiny size, so the scripts never rot. No timing is
-asserted: speed is reported by running the scripts by hand (see README.md)."""
+"""Every benchmark script runs end to end at a tiny size, so the scripts never rot, and its results hold what the
+results pages rest on (ratios of its own rates, agreement counts, a comparison's sign); these runs take tens of
+seconds each and are marked slow (`pytest -m slow`, the second command CI runs). No timing is asserted: speed is
+reported by running the scripts by hand (see README.md). The scripts' helpers are tested directly."""
 
 import argparse
 import json
@@ -31,6 +33,7 @@ def run(*args: str, cwd: Path | None = None) -> str:
     return result.stdout
 
 
+@pytest.mark.slow
 def test_speed_benchmark_runs(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     from peers import random_batch
@@ -62,6 +65,7 @@ def test_speed_benchmark_runs(tmp_path, monkeypatch):
         assert report["bf16_training"] == "skipped: no CUDA GPU"
 
 
+@pytest.mark.slow
 def test_bf16_section_of_the_speed_benchmark_runs(tmp_path):
     """The GPU section (bf16-mixed, MFU), forced onto the CPU; torch.compile is left out for time (see
     test_training_step.py). On a CPU Lightning knows no peak FLOP/s, so there is no MFU."""
@@ -74,6 +78,7 @@ def test_bf16_section_of_the_speed_benchmark_runs(tmp_path):
     assert entry["model_flops_per_step"] > 0 and entry["mfu"] is None
 
 
+@pytest.mark.slow
 def test_generation_benchmark_runs(tmp_path):
     multi30k_dir()
     out = tmp_path / "speed.json"
@@ -100,6 +105,7 @@ def test_generation_benchmark_runs(tmp_path):
     assert generation["beam4"]["forward_compiled"] == {"ours": False, "marian": False}
 
 
+@pytest.mark.slow
 def test_precision_benchmark_times_every_precision_and_attention(tmp_path):
     out = tmp_path / "precision.json"
     quick = ("--rounds", "1", "--steps", "1", "--out", str(out))
@@ -223,12 +229,15 @@ def test_a_recipe_names_the_model_and_data_settings_it_changes(tmp_path, monkeyp
     assert "dropout 0.3, rdrop alpha 5.0, warm-up 2000" in named({"dropout": 0.3}, training={"rdrop_alpha": 5.0})
 
 
-def test_compare_finds_the_better_run_better_with_the_difference_and_interval_on_its_side(tmp_path, monkeypatch):
+def test_compare_finds_the_better_run_better_with_the_difference_and_interval_on_its_side(
+    tmp_path, monkeypatch, capsys
+):
     """compare.py on two made-up runs of the first 60 sentences of val and test_2016_flickr: one gives the references,
     the other the references with every third word replaced. The first is better beyond doubt whichever side it is
     on: its score 100, the difference the scores' with its sign, its interval on that side of 0, p small."""
     multi30k_dir()
     monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import compare
     from multi30k import read_split
 
     from hf_transformer.scoring import sacrebleu_scores
@@ -245,7 +254,11 @@ def test_compare_finds_the_better_run_better_with_the_difference_and_interval_on
         r"{split}: ([\d.]+) against ([\d.]+): ([+-][\d.]+) \(95% interval ([+-][\d.]+) to ([+-][\d.]+)\), p = ([\d.]+)"
     )
     for runs, baseline, sign in (("good", "garbled", 1), ("garbled", "good", -1)):
-        stdout = run(str(BENCHMARKS / "compare.py"), "--runs", runs, "--baseline", baseline, cwd=tmp_path)
+        monkeypatch.setattr(
+            sys, "argv", ["compare.py", "--runs", str(tmp_path / runs), "--baseline", str(tmp_path / baseline)]
+        )
+        compare.main()
+        stdout = capsys.readouterr().out
         for split in references:
             found = re.search(line.format(split=split), stdout)
             assert found, stdout
@@ -257,6 +270,7 @@ def test_compare_finds_the_better_run_better_with_the_difference_and_interval_on
             assert p_value < 0.01
 
 
+@pytest.mark.slow
 def test_padding_benchmark_runs(tmp_path):
     multi30k_dir()
     out = tmp_path / "padding.json"
@@ -372,6 +386,7 @@ def test_serve_benchmark_runs_on_a_short_run(run_dir):
     assert all(entry["sentences_per_sec"] > 0 and entry["p99_ms"] >= entry["p50_ms"] > 0 for entry in settings.values())
 
 
+@pytest.mark.slow
 def test_data_scale_benchmark_runs_on_a_small_corpus(tmp_path):
     """Both paths on a corpus of 3,000 pairs, kept in --work: a second call measures the second run and streaming
     again on what the first left there, and keeps the first run it measured."""
