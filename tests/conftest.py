@@ -212,7 +212,7 @@ REMOTE_LOAD = textwrap.dedent(
     from transformers import AutoModelForSeq2SeqLM
     folder, inputs_path, outputs_path = sys.argv[1:]
     inputs = torch.load(inputs_path)
-    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).to(inputs["dtype"]).eval()
     assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
     with torch.no_grad():
         logits = model(input_ids=inputs["source"], decoder_input_ids=inputs["target"]).logits
@@ -243,16 +243,21 @@ RECORDED = (
 
 
 def load_without_the_package(
-    folder: Path, source: torch.Tensor, target: torch.Tensor, pythonpath: str = "", expect_failure: bool = False
+    folder: Path,
+    source: torch.Tensor,
+    target: torch.Tensor,
+    pythonpath: str = "",
+    expect_failure: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> dict[str, torch.Tensor] | str:
     """Load a saved folder with `trust_remote_code=True` in a fresh interpreter where `hf_transformer` cannot be
-    imported (`pythonpath` first on its path, e.g. another transformers release) and return its logits for
-    (source, target), the hidden states and attention weights it records for them (`recorded`: `RECORDED`, each
-    stacked over the layers), its beam search output for source, and its decoder's last two outputs of target, from
-    one pass (`last_two`) and continued from a cache passed by each name (`continued`); with `expect_failure`, the
+    imported (`pythonpath` first on its path, e.g. another transformers release), cast to `dtype`, and return its
+    logits for (source, target), the hidden states and attention weights it records for them (`recorded`: `RECORDED`,
+    each stacked over the layers), its beam search output for source, and its decoder's last two outputs of target,
+    from one pass (`last_two`) and continued from a cache passed by each name (`continued`); with `expect_failure`, the
     error output instead."""
     work = Path(folder).parent
-    torch.save({"source": source, "target": target}, work / "inputs.pt")
+    torch.save({"source": source, "target": target, "dtype": dtype}, work / "inputs.pt")
     (work / "load.py").write_text(f"RECORDED = {RECORDED!r}\n{REMOTE_LOAD}")
     result = subprocess.run(
         [sys.executable, str(work / "load.py"), str(folder), str(work / "inputs.pt"), str(work / "outputs.pt")],

@@ -26,6 +26,16 @@ def test_readme_is_a_front_page():
     assert not re.search(r"20\d\d-[01]\d-[0-3]\d", text), "dates belong in the results data, not the front page"
 
 
+def test_ci_runs_readmes_test_command_and_the_slow_tests_it_leaves_out():
+    """README's second command is the one `.ci/run` runs, and CI runs the end-to-end tests it deselects too."""
+    block = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    command = block.splitlines()[1]
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert command.startswith("python -m pytest") and '-m "not slow"' in command
+    assert any(line.split("  #")[0].strip() == command for line in ci)
+    assert any(line.strip() == command.replace('-m "not slow"', "-m slow") for line in ci)
+
+
 @pytest.mark.parametrize("page", sorted((ROOT / "docs").rglob("*.md")), ids=lambda path: path.name)
 def test_every_generated_table_of_a_page_exists(page):
     for kind, name in MARKER.findall(page.read_text()):

@@ -1,12 +1,13 @@
 """Properties of the model: the paper's sizes, masking, caching, backends, and Hugging Face integration."""
 
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_continues_under_both_cache_names, load_without_the_package
+from conftest import assert_continues_under_both_cache_names, load_without_the_package, output_rows
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.cache_utils import DynamicCache
@@ -40,12 +41,52 @@ def test_defaults_are_the_papers_base_model():
     assert (config.hidden_size, config.num_attention_heads, config.num_hidden_layers) == (512, 8, 6)
 
 
-@pytest.mark.parametrize(("preset", "expected_millions", "tolerance"), [("base", 63, 2), ("big", 213, 3)])
-def test_presets_have_the_papers_parameter_counts(preset, expected_millions, tolerance):
+def parameter_count(config: TransformerConfig) -> int:
+    """The parameters the paper's architecture has for `config`, counted from its sizes: one embedding matrix shared
+    by both stacks and the output projection (section 3.4); per encoder layer self-attention (W^Q, W^K, W^V, W^O with
+    biases), the feed-forward network (eq. 2) and two LayerNorms; per decoder layer those plus the encoder-decoder
+    attention and a third LayerNorm; a final LayerNorm per stack when pre-LN. Sinusoidal positions have none."""
+    d = config.d_model
+    attention = 4 * (d * d + d)
+    layer_norm = 2 * d
+
+    def feed_forward(ffn_dim: int) -> int:
+        return d * ffn_dim + ffn_dim + ffn_dim * d + d
+
+    encoder_layer = attention + feed_forward(config.encoder_ffn_dim) + 2 * layer_norm
+    decoder_layer = 2 * attention + feed_forward(config.decoder_ffn_dim) + 3 * layer_norm
+    final_norms = 2 * layer_norm if config.normalize_before else 0
+    return (
+        config.vocab_size * d
+        + config.encoder_layers * encoder_layer
+        + config.decoder_layers * decoder_layer
+        + final_norms
+    )
+
+
+@pytest.mark.parametrize(("preset", "papers_millions"), [("base", 65), ("big", 213)])
+def test_presets_have_the_papers_parameter_counts(preset, papers_millions):
+    """Exactly the count of the architecture's formula, where a missing or extra block, bias or untied matrix shows,
+    and near the paper's Table 3 (65M and 213M), whose vocabulary the paper gives only roughly."""
+    config = TransformerConfig.from_preset(preset)
     with torch.device("meta"):
-        model = TransformerForConditionalGeneration(TransformerConfig.from_preset(preset))
-    count = sum(p.numel() for p in model.parameters()) / 1e6  # tied matrices are counted once
-    assert abs(count - expected_millions) <= tolerance, count
+        model = TransformerForConditionalGeneration(config)
+    count = sum(p.numel() for p in model.parameters())  # tied matrices are counted once
+    assert count == parameter_count(config)
+    assert abs(count / 1e6 - papers_millions) < 2, count
+
+
+def test_parameter_counts_follow_the_sizes_of_every_part(tiny_config):
+    """Unequal stacks, feed-forward sizes and pre-LN: the count follows each size (each enters the formula apart)."""
+    for changes in (
+        {},
+        {"encoder_layers": 3, "decoder_layers": 1},
+        {"encoder_ffn_dim": 48, "decoder_ffn_dim": 80},
+        {"normalize_before": True},
+    ):
+        config = TransformerConfig(**{**tiny_config.to_dict(), **changes})
+        model = TransformerForConditionalGeneration(config)
+        assert sum(p.numel() for p in model.parameters()) == parameter_count(config), changes
 
 
 @pytest.mark.parametrize(
@@ -537,7 +578,7 @@ def test_resize_token_embeddings_keeps_the_ties(tiny_config):
 # tokens, so that the same tokens win (in float32 a near tie could go either way).
 
 
-def test_greedy_generation_equals_an_argmax_loop_and_beam_and_sampling_run(tiny_config):
+def test_greedy_generation_equals_an_argmax_loop_and_the_default_is_the_papers_beam_search(tiny_config):
     model = make_model(tiny_config).double()
     source, _ = random_batch(tiny_config, batch=2)
     mask = torch.ones_like(source)
@@ -551,13 +592,83 @@ def test_greedy_generation_equals_an_argmax_loop_and_beam_and_sampling_run(tiny_
     assert torch.equal(greedy, decoded)
 
     assert model.generation_config.num_beams == 4 and model.generation_config.length_penalty == 0.6
-    beams = model.generate(source, attention_mask=mask, max_new_tokens=6, num_return_sequences=4)
-    assert beams.shape[0] == 8
-    torch.manual_seed(0)
-    sampled = model.generate(source, attention_mask=mask, do_sample=True, num_beams=1, top_k=10, max_new_tokens=6)
-    torch.manual_seed(0)
-    again = model.generate(source, attention_mask=mask, do_sample=True, num_beams=1, top_k=10, max_new_tokens=6)
-    assert torch.equal(sampled, again)
+
+
+def test_beam_search_with_a_beam_for_every_hypothesis_finds_the_exhaustive_searchs_best(tiny_config):
+    """Beam search through our cache, with as many beams as there are outputs of up to 3 tokens over a 6-token
+    vocabulary, keeps every hypothesis and so must return the best ones of an exhaustive search: each output (ending
+    with </s>, or cut at 3 tokens) scored from the model's full forward pass as its summed log-probability over its
+    length ** length penalty, and ranked. A cache that follows the wrong beams, or a wrong score, returns others."""
+    config = TransformerConfig(**{**tiny_config.to_dict(), "vocab_size": 6})
+    model = make_model(config).double()  # float64: one search against another, no near ties
+    source = torch.tensor([[4, 5, 5, 4, 2], [5, 4, 2, 0, 0]])
+    mask = (source != 0).long()
+    steps, eos = 3, config.eos_token_id
+    others = [token for token in range(config.vocab_size) if token != eos]
+    outputs = [[*prefix, eos] for k in range(steps) for prefix in itertools.product(others, repeat=k)]
+    outputs += [[*prefix, last] for prefix in itertools.product(others, repeat=steps - 1) for last in others]
+    found = model.generate(
+        source,
+        attention_mask=mask,
+        num_beams=config.vocab_size**steps,
+        num_return_sequences=5,
+        max_new_tokens=steps,
+        length_penalty=0.6,
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
+    start = config.decoder_start_token_id
+    for row in range(len(source)):
+        # Each output read teacher-forced, padded to 3 tokens (what follows a token does not change its probability).
+        decoder_input_ids = torch.tensor(
+            [[start, *output, *[eos] * (steps - len(output))][:steps] for output in outputs]
+        )
+        with torch.no_grad():
+            logits = model(
+                input_ids=source[row : row + 1].expand(len(outputs), -1),
+                attention_mask=mask[row : row + 1].expand(len(outputs), -1),
+                decoder_input_ids=decoder_input_ids,
+            ).logits
+        log_probs = logits.log_softmax(-1)
+        scores = [
+            float(sum(log_probs[index, position, token] for position, token in enumerate(output))) / len(output) ** 0.6
+            for index, output in enumerate(outputs)
+        ]
+        best = sorted(range(len(outputs)), key=lambda index: -scores[index])[:5]
+        beams = found.sequences[5 * row : 5 * row + 5].tolist()
+        assert [output_rows(torch.tensor([beam]), eos)[0][1:] for beam in beams] == [outputs[i] for i in best]
+        expected = torch.tensor([scores[index] for index in best])  # generate() returns float32 scores
+        torch.testing.assert_close(found.sequences_scores[5 * row : 5 * row + 5], expected)
+
+
+def test_top_k_sampling_draws_only_among_the_k_most_likely_tokens(tiny_config):
+    """Each sampled token, at every step and in every sequence, is one of the k tokens the model's full forward pass
+    gives the highest probabilities after the tokens before it; and sampling does draw: the k tokens all come up."""
+    model = make_model(tiny_config).double()
+    source, _ = random_batch(tiny_config, batch=2)
+    mask = torch.ones_like(source)
+    top_k, steps = 3, 6
+    sampled = model.generate(
+        source,
+        attention_mask=mask,
+        do_sample=True,
+        num_beams=1,
+        top_k=top_k,
+        max_new_tokens=steps,
+        min_new_tokens=steps,
+        num_return_sequences=50,
+    )
+    with torch.no_grad():
+        logits = model(
+            input_ids=source.repeat_interleave(50, dim=0),
+            attention_mask=mask.repeat_interleave(50, dim=0),
+            decoder_input_ids=sampled[:, :-1],
+        ).logits
+    logits[:, :, tiny_config.eos_token_id] = -float("inf")  # what min_new_tokens does
+    allowed = logits.topk(top_k, dim=-1).indices
+    assert (allowed == sampled[:, 1:, None]).any(-1).all()
+    first_steps = {(index // 50, token) for index, token in enumerate(sampled[:, 1].tolist())}
+    assert first_steps == {(row, token) for row in range(2) for token in allowed[50 * row, 0].tolist()}
 
 
 def test_beam_search_reorders_only_the_self_attention_cache_and_equals_reordering_both(tiny_config, monkeypatch):

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections import Counter
 from itertools import islice
 from pathlib import Path
 
@@ -89,8 +90,14 @@ def test_two_ranks_share_a_pass_between_them_without_a_pair_twice(tmp_path):
         for row in batch
     ]
     assert sorted(rows) == sorted(whole) and len(set(rows)) == 300
-    endless = iter(stream_of(folder, rank=1, world_size=2))
-    assert len(list(islice(endless, 3 * sum(1 for _ in shares[1])))) > 0
+    for rank, share in enumerate(shares):
+        # Three passes' worth of batches: a stream that ended after its pass would give a third of them.
+        endless = list(islice(iter(stream_of(folder, rank=rank, world_size=2)), 3 * len(share)))
+        assert len(endless) == 3 * len(share), f"rank {rank}'s stream ended"
+        # ... and every pass goes over the same share again: each of its pairs comes at least twice.
+        counts = Counter(tuple(row["input_ids"]) for batch in endless for row in batch)
+        assert set(counts) == {tuple(row["input_ids"]) for batch in share for row in batch}
+        assert min(counts.values()) >= 2, f"rank {rank} did not start a second pass over its share"
 
 
 def test_a_resumed_loader_continues_with_the_next_batch_of_its_pass(tmp_path):

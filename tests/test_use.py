@@ -733,15 +733,59 @@ def test_translate_command_translates_with_an_ensemble_of_checkpoints_and_folder
         assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_attention_command_draws_a_png_and_prints_the_alignment(checkpoint, tmp_path, capsys):
+def drawn_figures(monkeypatch) -> list:
+    """The figures the attention command saves, recorded as it saves them (their images hold the weights drawn)."""
+    from matplotlib.figure import Figure
+
+    saved, savefig = [], Figure.savefig
+
+    def recording_savefig(figure, *args, **kwargs):
+        saved.append(figure)
+        return savefig(figure, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", recording_savefig)
+    return saved
+
+
+def drawn_weights(figure) -> list[torch.Tensor]:
+    """The weights of each heatmap of a figure, in the order of its axes (a colorbar's axes draw none)."""
+    return [torch.from_numpy(axes.images[0].get_array().data) for axes in figure.axes if axes.images]
+
+
+def test_attention_command_draws_the_kind_and_layer_asked_for_and_prints_the_alignment(
+    checkpoint, tmp_path, capsys, monkeypatch
+):
+    """Each of --kind, --layer and --heads draws its own weights: those of `attention_maps` of the translation (the
+    mean of the heads of one layer, or every layer and head), and the alignment printed is the drawn cross layer's."""
     pytest.importorskip("matplotlib", reason="plotting needs matplotlib: pip install 'hf-transformer[plot]'")
-    main(["attention", str(checkpoint), "a dog runs", "-o", str(tmp_path / "map.png")])
+    model, tokenizer = reference_model(checkpoint)
+    (maps,) = attention_maps(model, tokenizer, ["a dog runs"])
+    saved = drawn_figures(monkeypatch)
+    expected = {
+        (): maps.cross_attentions[-1].mean(0),
+        ("--layer", "0"): maps.cross_attentions[0].mean(0),
+        ("--kind", "encoder"): maps.encoder_attentions[-1].mean(0),
+        ("--kind", "encoder", "--layer", "0"): maps.encoder_attentions[0].mean(0),
+        ("--kind", "decoder", "--layer", "-2"): maps.decoder_attentions[0].mean(0),
+    }
+    for options, weights in expected.items():
+        main(["attention", str(checkpoint), "a dog runs", "-o", str(tmp_path / "map.png"), *options])
+        (drawn,) = drawn_weights(saved[-1])
+        torch.testing.assert_close(drawn, weights, msg=str(options))
+        out = capsys.readouterr().out
+        assert f"translation: {maps.translation}\n" in out
+        assert f"alignment:   {format_alignment(alignment(maps, 0 if options == ('--layer', '0') else -1))}\n" in out
+    assert not torch.allclose(expected[()], expected["--layer", "0"])  # the layers differ: the test tells them apart
+    assert not torch.allclose(expected["--kind", "encoder"], expected["--kind", "encoder", "--layer", "0"])
     main(
         ["attention", str(checkpoint), "a dog runs", "-o", str(tmp_path / "heads.png"), "--heads", "--kind", "decoder"]
     )
-    out = capsys.readouterr().out
+    layers, heads = maps.decoder_attentions.shape[:2]
+    assert len(drawn_weights(saved[-1])) == layers * heads
+    for index, drawn in enumerate(drawn_weights(saved[-1])):
+        torch.testing.assert_close(drawn, maps.decoder_attentions[index // heads, index % heads])
     assert (tmp_path / "map.png").read_bytes()[:4] == (tmp_path / "heads.png").read_bytes()[:4] == b"\x89PNG"
-    assert "translation:" in out and "alignment:" in out
+    capsys.readouterr()
     with pytest.raises(SystemExit):
         main(["attention", str(checkpoint), "a dog", "--layer", "7"])
     assert "--layer 7: the model has 2 layers" in capsys.readouterr().err
@@ -757,14 +801,18 @@ def test_attention_command_draws_a_png_and_prints_the_alignment(checkpoint, tmp_
         assert message in err and "Traceback" not in err
 
 
-def test_attention_command_draws_any_encoder_layer_of_a_deeper_encoder(tiny_tokenizer, tmp_path, capsys):
+def test_attention_command_draws_any_encoder_layer_of_a_deeper_encoder(tiny_tokenizer, tmp_path, capsys, monkeypatch):
     """--layer counts the layers of --kind; the printed alignment stays the last decoder layer's (fairseq's)."""
     pytest.importorskip("matplotlib", reason="plotting needs matplotlib: pip install 'hf-transformer[plot]'")
     model = tiny_model(tiny_tokenizer, encoder_layers=3, decoder_layers=1, max_position_embeddings=24)
     checkpoint = write_checkpoint(model, tiny_tokenizer, tmp_path / "deep_encoder.ckpt")
     image = tmp_path / "encoder.png"
+    saved = drawn_figures(monkeypatch)
     main(["attention", str(checkpoint), "a dog runs", "--kind", "encoder", "--layer", "2", "-o", str(image)])
-    assert "alignment:" in capsys.readouterr().out and image.read_bytes()[:4] == b"\x89PNG"
+    (maps,) = attention_maps(*reference_model(checkpoint), ["a dog runs"])
+    torch.testing.assert_close(drawn_weights(saved[-1])[0], maps.encoder_attentions[2].mean(0))
+    assert f"alignment:   {format_alignment(alignment(maps, -1))}\n" in capsys.readouterr().out
+    assert image.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_help_lists_the_commands_of_a_trained_model(capsys):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import transformers
+from filelock import FileLock
 
 HERE = Path(__file__).resolve().parent
 # The files of transformers' tests/ that the PyPI sdist ships and that the contract tests run, unchanged.
@@ -27,7 +28,15 @@ SHARED_MIXINS = {
 
 def fetch_upstream_tests(version: str = transformers.__version__) -> None:
     """Put `UPSTREAM_FILES` of the transformers `version` sdist (the installed release by default) beside this file,
-    unchanged, or skip the calling test module saying why when the package registry cannot be reached."""
+    unchanged, or skip the calling test module saying why when the package registry cannot be reached. Under a lock:
+    pytest-xdist's workers all import the test module at once, and on a first run each would download and extract the
+    files while the others read them half written."""
+    DOWNLOADS.mkdir(parents=True, exist_ok=True)
+    with FileLock(DOWNLOADS / "fetch.lock"):
+        _fetch_upstream_tests(version)
+
+
+def _fetch_upstream_tests(version: str) -> None:
     marker = HERE / ".version"
     if marker.exists() and marker.read_text() == version and all((HERE / name).exists() for name in UPSTREAM_FILES):
         return
@@ -66,3 +75,14 @@ def load_shared_mixins() -> bool:
             sys.modules["tests.exporters.test_export"] = module
         spec.loader.exec_module(module)
     return True
+
+
+def seed_random_inputs(seed: int) -> None:
+    """Seed the generator that upstream's `ids_tensor` and `floats_tensor` draw the common tests' inputs from when
+    given none: a module-level `random.Random()` in `test_modeling_common.py` and in the shared
+    `generation/test_utils.py`, which nothing seeds, so that each run drew new inputs. A test's inputs are then the
+    same whatever ran before it in its process."""
+    for name in ("test_modeling_common", "generation.test_utils"):
+        generator = getattr(sys.modules.get(f"{__name__}.{name}"), "global_rng", None)
+        if generator is not None:
+            generator.seed(seed)
