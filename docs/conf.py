@@ -6,9 +6,6 @@ Pages are Markdown (MyST). Some of their content is generated at build time, whe
 The API and configuration references come from the docstrings (autodoc).
 """
 
-import contextlib
-import io
-import os
 import re
 import sys
 from pathlib import Path
@@ -43,18 +40,11 @@ MARKER = re.compile(r"^<!-- generated: (table|help) ([\w-]+) -->$", re.MULTILINE
 
 
 def help_text(command: str) -> str:
-    """What `hf-transformer COMMAND --help` prints, 100 columns wide."""
-    from lightning_modules.cli import run
+    """What `hf-transformer COMMAND --help` prints, 100 columns wide, naming the package's files by their place in
+    the repository."""
+    from lightning_modules.cli.help import HERE, parser_help
 
-    output = io.StringIO()
-    os.environ["COLUMNS"] = "100"
-    argv, sys.argv = sys.argv, ["hf-transformer"]  # LightningCLI warns when sys.argv holds other arguments
-    try:
-        with contextlib.redirect_stdout(output), contextlib.suppress(SystemExit):
-            run([command, "--help"] if command != "hf-transformer" else ["--help"])
-    finally:
-        sys.argv = argv
-    return output.getvalue().rstrip()
+    return parser_help(command).replace(HERE, "lightning_modules/cli").rstrip()
 
 
 def generated(match: re.Match) -> str:

@@ -6,18 +6,21 @@ file and a new line here.
 (its card, if it has one, rendered again for the new format). A folder is written whole or not at all
 (`folder.written_whole`) by the command that calls them."""
 
+from __future__ import annotations
+
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from transformers import PreTrainedTokenizerFast
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ..hub.model_card import CARD_FORMATS, rewrite_model_card
-from ..model import TransformerForConditionalGeneration
-from .folder import check_model_folder, make_shareable
+from ..hub import CARD_FORMATS
+
+if TYPE_CHECKING:  # imported where used: `hf-transformer export --help` lists the formats without loading torch
+    from transformers import PreTrainedTokenizerFast
+
+    from ..model import TransformerForConditionalGeneration
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class ExportFormat:
         folder: Path,
         **options: Any,
     ) -> Path:
+        from .folder import make_shareable
+
         module, function = self.writer.split(":")
         writer: Callable[..., Path] = getattr(importlib.import_module(f".{module}", __name__), function)
         writer(model, tokenizer, folder, **options)
@@ -119,6 +124,12 @@ def export_folder(
     """Convert the folder `source`, written by `export`, into `format` in `folder`; its model card, if it has one, is
     rendered again for that format (for `repo_id`, the repository its usage snippet loads, with `results` added and
     `wandb_url` set)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from ..hub.model_card import rewrite_model_card
+    from ..model import TransformerForConditionalGeneration
+    from .folder import check_model_folder
+
     chosen = _checked_format(format, options)  # before the model is loaded
     check_model_folder(source)
     model = TransformerForConditionalGeneration.from_pretrained(source)

@@ -12,7 +12,7 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import PreTrainedTokenizerFast
 
 from ..errors import ConfigError, DataError, UserError
-from ..model import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline
+from ..model import TransformerConfig, TransformerForConditionalGeneration
 
 # What `PreTrainedTokenizerFast.from_pretrained` reads: the tokenizer itself, and its class and special tokens (without
 # tokenizer_config.json it loads with no <pad> or </s>).
@@ -24,6 +24,8 @@ def save_model(
 ) -> Path:
     """The "hf-transformer" format: the model with its code (`auto_map`), the tokenizer, the generation config and
     the translation pipeline, as `save_pretrained` writes them."""
+    from ..model import TranslationPipeline  # imports transformers' pipelines: seconds, only where a folder is saved
+
     TranslationPipeline(model=model, tokenizer=tokenizer).save_pretrained(folder)
     return Path(folder)
 

@@ -27,13 +27,13 @@ from ..decoding.translate import MAX_LENGTH_OFFSET
 from ..model import TransformerForConditionalGeneration
 from ..model.configuration_transformer import MIN_TRANSFORMERS_VERSION, TransformerConfig
 from ..scoring import LOGGED_SCORES, sacrebleu_signatures
+from . import CARD_FORMATS
 
 CARD_NAME = "README.md"
 DEFAULT_LICENSE = "apache-2.0"
 SYNTHETIC_DATASET = "synthetic"
 # The facts a card is rendered from, saved beside it so that `rewrite_model_card` renders it for a repo or format.
 CARD_FACTS = "hf_transformer_card.json"
-CARD_FORMATS = ("hf-transformer", "marian")
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
 # What the card reads from a checkpoint (small values only: no weights). `averaged_steps`: the steps whose weights an
 # averaged checkpoint (`lightning_modules.checkpoint.average_checkpoints`) is the mean of.

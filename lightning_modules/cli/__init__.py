@@ -5,10 +5,11 @@ hf-transformer test --config configs/demo.yaml --ckpt_path runs/demo/checkpoints
 hf-transformer export runs/demo/checkpoints/last.ckpt exports/demo [--average 5]
 hf-transformer translate exports/demo input.txt -o output.txt
 
-Lightning, torch and transformers are imported only by the command that needs them, so that `hf-transformer --help`
-answers at once.
+Lightning, torch and transformers are imported only by the command that needs them, so that every `--help` answers
+at once (that of fit, validate and test is kept as text, `help.py`).
 """
 
+import gc
 import importlib
 import os
 import sys
@@ -53,6 +54,13 @@ def run(argv: list[str]) -> None:
         print(USAGE)
         return
     command, *rest = argv
+    if command in TRAINER_COMMANDS and rest in (["--help"], ["-h"]):
+        from .help import kept_help  # Lightning's parser takes seconds to build; its text is kept
+
+        text = kept_help(command)
+        if text is not None:
+            print(text, end="")
+            return
     if command in COMMANDS:
         importlib.import_module(COMMANDS[command], __name__).main(rest)
     elif command in TRAINER_COMMANDS or command.startswith("-"):
@@ -80,6 +88,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(words)
         sys.stdout.flush()  # here, where a closed pipe can still be handled, not at exit
+        # Python's exit collects the objects of torch, transformers and Lightning module by module, over and over: a
+        # second or more of CPU for a short command. Nothing the command leaves needs collecting.
+        gc.freeze()
     except BrokenPipeError:
         # The reader of standard output is gone (`| head`): stop quietly, as a Unix filter does. Python's signal docs:
         # point standard output at devnull so that the flush at exit does not fail again.

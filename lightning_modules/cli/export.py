@@ -5,10 +5,8 @@ import argparse
 from pathlib import Path
 
 from hf_transformer.errors import UserError
-from hf_transformer.export import DEFAULT_FORMAT, FORMATS, export_folder
-from hf_transformer.export.folder import written_whole
+from hf_transformer.export import DEFAULT_FORMAT, FORMATS
 
-from ..export import checkpoint_to_export, export_checkpoint, read_results
 from .models import positive_int
 
 
@@ -16,6 +14,12 @@ def main(argv: list[str]) -> None:
     """`hf-transformer export SOURCE FOLDER [...]`."""
     parser = _parser()
     args = parser.parse_args(argv)
+    # Imported once --help has answered: they load torch and Lightning.
+    from hf_transformer.export import export_folder
+    from hf_transformer.export.folder import written_whole
+
+    from ..export import checkpoint_to_export, export_checkpoint, read_results
+
     format = FORMATS[args.format]
     for name in sorted({name for other in FORMATS.values() for name in other.options} - set(format.options)):
         if getattr(args, name) != parser.get_default(name):

@@ -1,15 +1,17 @@
 """The MODEL argument of `translate`, `attention` and `serve`: an exported folder, a Hub id, a training checkpoint
 (or a folder of them, averaged), or a CTranslate2 folder."""
 
+from __future__ import annotations
+
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from transformers.utils import logging as transformers_logging
-
-from hf_transformer.decoding.engine import TranslationEngine
 from hf_transformer.errors import UserError
+
+if TYPE_CHECKING:  # torch and the model are imported where used, so that `--help` answers at once
+    from hf_transformer.decoding.engine import TranslationEngine
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +47,8 @@ def positive_int(text: str) -> int:
 
 def torch_device(text: str) -> str:
     """An argparse type: a device that torch has on this machine (moving the model to another one is a traceback)."""
+    import torch
+
     try:
         parsed = torch.device(text)
     except RuntimeError:
@@ -69,6 +73,10 @@ def torch_device(text: str) -> str:
 
 def load_engine(source: str, average: int | None = None, device: str = "cpu") -> TranslationEngine:
     """The model that `source` names, ready on `device`."""
+    from transformers.utils import logging as transformers_logging
+
+    from hf_transformer.decoding.engine import TranslationEngine
+
     transformers_logging.disable_progress_bar()  # a bar for loading weights that takes milliseconds
     path = Path(source)
     if not (average or path.is_file()):

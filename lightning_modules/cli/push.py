@@ -9,18 +9,16 @@ import pickle
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
-
-from huggingface_hub import CommitInfo
+from typing import TYPE_CHECKING, Any
 
 from hf_transformer.errors import HubError
-from hf_transformer.export import DEFAULT_FORMAT, export_folder
-from hf_transformer.export.folder import link_or_copy
-from hf_transformer.hub.model_card import CARD_FORMATS, CARD_NAME, rewrite_model_card
-from hf_transformer.hub.push import check_export_folder, check_repo_id, find_token, push_folder
+from hf_transformer.export import DEFAULT_FORMAT
+from hf_transformer.hub import CARD_FORMATS
 
-from ..export import checkpoint_to_export, export_checkpoint, read_results
 from .models import positive_int
+
+if TYPE_CHECKING:  # the rest is imported where used, so that `--help` answers at once
+    from huggingface_hub import CommitInfo
 
 
 def push_source(
@@ -44,6 +42,10 @@ def push_source(
     folder; a Marian folder is pushed as it is). `results` (logged metric name -> value, e.g. `test_scores.json` of
     `hf-transformer test`) and `wandb_url` go into the model card. Every failure is a `HubError`.
     """
+    from hf_transformer.hub.push import check_repo_id, find_token, push_folder
+
+    from ..export import export_checkpoint
+
     source = Path(source)
     check_repo_id(repo_id)
     token = find_token()  # before exporting, which takes a while for a big model
@@ -83,6 +85,8 @@ def push_source(
 def main(argv: list[str]) -> None:
     """`hf-transformer push SOURCE REPO_ID [...]`."""
     args = _push_parser().parse_args(argv)
+    from ..export import read_results  # once --help has answered: it loads torch and Lightning
+
     results = read_results(args.results) if args.results else None
     commit = push_source(
         args.source,
@@ -135,6 +139,8 @@ def _push_parser() -> argparse.ArgumentParser:
 
 
 def _read_checkpoint(path: Path, average: int | None) -> dict[str, Any]:
+    from ..export import checkpoint_to_export
+
     try:
         return checkpoint_to_export(path, average)
     except (OSError, ValueError, RuntimeError, pickle.UnpicklingError) as err:
@@ -144,6 +150,10 @@ def _read_checkpoint(path: Path, average: int | None) -> dict[str, Any]:
 def _stage_export_folder(source: Path, staged: Path, format: str, **card_info: Any) -> None:
     """The folder to push for an exported `source`: a view of it, or its Marian conversion, with the card (if it has
     one) rendered for `card_info` (`repo_id`, `results`, `wandb_url`)."""
+    from hf_transformer.export import export_folder
+    from hf_transformer.hub.model_card import rewrite_model_card
+    from hf_transformer.hub.push import check_export_folder
+
     check_export_folder(source, tokenizer=True)
     source_format = "marian" if _model_type(source) == "marian" else DEFAULT_FORMAT
     if format == "marian" and source_format == DEFAULT_FORMAT:
@@ -162,6 +172,8 @@ def _model_type(folder: Path) -> str | None:
 def _stage_folder(folder: Path, staged: Path) -> None:
     """A copy of `folder` to push: files hard-linked where possible (weights can be large), the card copied so that
     pointing it at the repo never edits the original."""
+    from hf_transformer.export.folder import link_or_copy
+    from hf_transformer.hub.model_card import CARD_NAME
 
     def link_or_copy_card(src: str, dst: str) -> str:
         return shutil.copy2(src, dst) if Path(src).name == CARD_NAME else link_or_copy(src, dst)

@@ -3,7 +3,6 @@
 import argparse
 import warnings
 
-from hf_transformer.decoding.translate import SourceTruncatedWarning
 from hf_transformer.errors import MissingExtra
 
 from .models import add_model_arguments, load_engine, positive_int, whole_number
@@ -18,6 +17,8 @@ def main(argv: list[str]) -> None:
         if isinstance(err, MissingExtra):
             raise
         raise MissingExtra(f"serving needs FastAPI and uvicorn: pip install 'hf-transformer[serve]' ({err})") from err
+    from hf_transformer.decoding.translate import SourceTruncatedWarning
+
     engine = load_engine(args.model, args.average, args.device)
     # The server answers a cut sentence with a warning of its own (and logs it): not a second one per batch.
     warnings.filterwarnings("ignore", category=SourceTruncatedWarning)
