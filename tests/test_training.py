@@ -510,6 +510,34 @@ def test_fit_resume_and_test_warn_of_nothing_and_test_prints_its_scores_once(run
     assert bleu_lines == ["sacreBLEU", "sacreBLEU,", "tokenized"] and "Test metric" not in printed, printed
 
 
+def test_export_and_push_of_a_tested_checkpoint_put_its_test_scores_on_the_card(run_dir, capsys):
+    """The tour tests last.ckpt and exports it: the card said "No evaluation results were recorded". `test` keeps its
+    scores beside the checkpoint, and `export` (and `push`, by the same function) of those weights puts them on the
+    card; an average, which no test scored, and the same file trained further get none."""
+    from huggingface_hub import ModelCard
+
+    def card_scores(folder: str) -> dict[tuple[str, str], float]:
+        card = ModelCard.load(run_dir / folder / "README.md")
+        return {
+            (result.dataset_split, result.metric_type): result.metric_value for result in card.data.eval_results or []
+        }
+
+    fit("--trainer.max_steps=3")
+    main(["test", "--config", str(DEMO), "--config", "tiny.yaml", "--ckpt_path=runs/demo/checkpoints/last.ckpt"])
+    scores = json.loads(next(run_dir.glob("runs/demo/logs/version_*/test_scores.json")).read_text())
+    capsys.readouterr()
+    main(["export", "runs/demo/checkpoints/last.ckpt", "exports/demo"])
+    assert "Test scores on the model card: runs/demo/checkpoints/test_scores-step000003.json" in capsys.readouterr().out
+    expected = {("test", name): round(scores[f"test/{name}"], 2) for name in ("bleu", "chrf")}  # the card's rounding
+    assert card_scores("exports/demo") == expected
+
+    main(["export", "runs/demo/checkpoints", "exports/averaged", "--average", "1"])
+    fit("--trainer.max_steps=6", "--ckpt_path=last")
+    main(["export", "runs/demo/checkpoints/last.ckpt", "exports/later"])
+    assert "Test scores" not in capsys.readouterr().out
+    assert card_scores("exports/averaged") == card_scores("exports/later") == {}
+
+
 def test_export_then_from_pretrained_translates_like_the_checkpoint(run_dir):
     fit("--trainer.max_steps=6")
     checkpoint = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")

@@ -109,11 +109,13 @@ def rewrite_model_card(
     repo_id: str | None = None,
     results: dict[str, float] | None = None,
     wandb_url: str | None = None,
+    revision: str | None = None,
 ) -> bool:
     """Render the card of the export in `source` again into `folder` (which may be `source`), for `repo_id` and
     `format`, from the facts `write_model_card` saved, with `results` (logged metric name -> value, e.g.
-    `test_scores.json` of `hf-transformer test`) added and `wandb_url` set where given. Returns False (and writes
-    nothing) when `source` has no facts; raises ValueError then if there were results or a W&B link to add."""
+    `test_scores.json` of `hf-transformer test`) added and `wandb_url` set where given; `revision`, a commit of
+    `repo_id`, is pinned in the usage snippet. Returns False (and writes nothing) when `source` has no facts; raises
+    ValueError then if there were results or a W&B link to add."""
     path = Path(source) / CARD_FACTS
     if not path.is_file():
         if results or wandb_url:
@@ -129,11 +131,11 @@ def rewrite_model_card(
     if results or wandb_url or not target.exists():
         target.unlink(missing_ok=True)  # a staged copy may hard-link it: never write through the link
         target.write_text(json.dumps(facts, indent=2) + "\n", encoding="utf-8")
-    _render(Path(folder), facts, format, repo_id)
+    _render(Path(folder), facts, format, repo_id, revision)
     return True
 
 
-def _render(folder: Path, facts: dict[str, Any], format: str, repo_id: str | None) -> Path:
+def _render(folder: Path, facts: dict[str, Any], format: str, repo_id: str | None, revision: str | None = None) -> Path:
     if format not in CARD_FORMATS:
         raise ValueError(f"Unknown model format {format!r}: the card knows {', '.join(CARD_FORMATS)}.")
     language_pair = facts["language_pair"]
@@ -155,6 +157,7 @@ def _render(folder: Path, facts: dict[str, Any], format: str, repo_id: str | Non
         evaluation=_evaluation(run, results),
         requirement=f"transformers>={MIN_TRANSFORMERS_VERSION},<6",
         model_id=model_id,
+        revision=revision,
         example=facts["example"] or _EXAMPLES.get(run.source_lang, _EXAMPLES["en"]),
     )
     path = folder / CARD_NAME

@@ -18,7 +18,7 @@ def main(argv: list[str]) -> None:
     from hf_transformer.export import export_folder
     from hf_transformer.export.folder import written_whole
 
-    from ..export import checkpoint_to_export, export_checkpoint, read_results
+    from ..export import checkpoint_to_export, export_checkpoint, kept_test_scores, read_results
 
     format = FORMATS[args.format]
     for name in sorted({name for other in FORMATS.values() for name in other.options} - set(format.options)):
@@ -42,6 +42,10 @@ def main(argv: list[str]) -> None:
                 export_folder(source, folder, format.name, **card, **options)
             else:
                 checkpoint = checkpoint_to_export(source, args.average)
+                kept = None if args.results or not format.has_card else kept_test_scores(source, checkpoint)
+                if kept is not None:  # what `hf-transformer test` gave these weights
+                    card["results"] = kept[0]
+                    print(f"Test scores on the model card: {kept[1]}")
                 export_checkpoint(checkpoint, folder, format.name, **card, **options)
     except (ImportError, ValueError) as err:  # an extra missing, a pre-LN model, an unknown quantization, a length
         if isinstance(err, UserError):
@@ -74,7 +78,8 @@ def _parser() -> argparse.ArgumentParser:
         "--results",
         metavar="JSON",
         help="scores for the model card's model-index (hf-transformer and marian): the test_scores.json that "
-        "`hf-transformer test` writes",
+        "`hf-transformer test` writes (default: for one checkpoint, the scores `hf-transformer test` gave it, kept "
+        "beside it)",
     )
     parser.add_argument(
         "--quantization", help="with --format ctranslate2: the stored weight type, e.g. int8 (default: float32)"

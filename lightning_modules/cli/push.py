@@ -44,7 +44,7 @@ def push_source(
     """
     from hf_transformer.hub.push import check_repo_id, find_token, push_folder
 
-    from ..export import export_checkpoint
+    from ..export import export_checkpoint, kept_test_scores
 
     source = Path(source)
     check_repo_id(repo_id)
@@ -64,7 +64,12 @@ def push_source(
             if exported_folder:
                 _stage_export_folder(source, staged, format, **card_info)
             else:
-                export_checkpoint(_read_checkpoint(source, average), staged, format, **card_info)
+                checkpoint = _read_checkpoint(source, average)
+                kept = None if results else kept_test_scores(source, checkpoint)
+                if kept is not None:  # what `hf-transformer test` gave these weights
+                    card_info["results"] = kept[0]
+                    print(f"Test scores on the model card: {kept[1]}")
+                export_checkpoint(checkpoint, staged, format, **card_info)
         except ValueError as err:  # a model Marian cannot express, a folder without the facts of its card
             raise HubError(f"Cannot push {source} as {format}: {err}") from err
         try:
@@ -125,7 +130,8 @@ def _push_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--results",
         metavar="JSON",
-        help="scores for the model card's model-index: the test_scores.json that `hf-transformer test` writes",
+        help="scores for the model card's model-index: the test_scores.json that `hf-transformer test` writes "
+        "(default: for one checkpoint, the scores `hf-transformer test` gave it, kept beside it)",
     )
     parser.add_argument("--wandb-url", help="link of the training run's W&B page, for the model card")
     parser.add_argument(

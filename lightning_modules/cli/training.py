@@ -23,6 +23,7 @@ from hf_transformer.scoring import format_scores, translation_scores
 from ..callbacks import LineProgress, ResumableCheckpoint
 from ..checkpoint import read_checkpoint
 from ..data import TranslationDataModule
+from ..export import keep_test_scores
 from ..module import (
     TranslationModule,
     check_cooldown,
@@ -210,3 +211,6 @@ class TranslationCLI(LightningCLI):
         values.update({score.name: score.value for score in scores})
         (folder / "test_scores.json").write_text(json.dumps(values, indent=2) + "\n")
         print(f"{format_scores(scores)}\nTest hypotheses and scores written to {folder}")
+        # Beside the checkpoint too, for the card of an export or push of it.
+        if self.trainer.ckpt_path and Path(self.trainer.ckpt_path).is_file():
+            keep_test_scores(self.trainer.ckpt_path, values, folder)
