@@ -205,6 +205,11 @@ def test_plots_have_tokens_on_their_axes(tiny_tokenizer, tmp_path):
     assert [label.get_text() for label in axes.get_yticklabels()] == maps.target_tokens
     grid = plot_attention_heads(maps, "encoder")
     assert len([axes for axes in grid.axes if axes.images]) == model.config.encoder_layers * 4
+    # One numbering: the titles count layers and heads from 0, as --layer and the server's `layer` do ("layer 2" of
+    # a two-layer model was the title of --layer 1).
+    assert axes.get_title() == "cross attention, layer 1 of 0-1, mean of heads"
+    assert plot_attention(maps, "encoder", layer=0).axes[0].get_title().startswith("encoder attention, layer 0 of")
+    assert grid.axes[0].get_title() == "layer 0, head 0" and grid.axes[-1].get_title() == "layer 1, head 3"
     figure.savefig(tmp_path / "map.png")
     assert (tmp_path / "map.png").read_bytes()[:4] == b"\x89PNG"
 
