@@ -6,8 +6,6 @@ file and a new line here.
 (its card, if it has one, rendered again for the new format). A folder is written whole or not at all
 (`folder.written_whole`) by the command that calls them."""
 
-from __future__ import annotations
-
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,8 +39,8 @@ class ExportFormat:
 
     def write(
         self,
-        model: TransformerForConditionalGeneration,
-        tokenizer: PreTrainedTokenizerFast,
+        model: "TransformerForConditionalGeneration",
+        tokenizer: "PreTrainedTokenizerFast",
         folder: Path,
         **options: Any,
     ) -> Path:
@@ -99,8 +97,8 @@ def _checked_format(format: str, options: dict[str, Any]) -> ExportFormat:
 
 
 def export_model(
-    model: TransformerForConditionalGeneration,
-    tokenizer: PreTrainedTokenizerFast,
+    model: "TransformerForConditionalGeneration",
+    tokenizer: "PreTrainedTokenizerFast",
     folder: str | Path,
     format: str = DEFAULT_FORMAT,
     **options: Any,

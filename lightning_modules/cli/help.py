@@ -14,7 +14,7 @@ FOLDER = Path(__file__).with_name("help")
 # Where the kept text names this folder's parent (the defaults' files), which is wherever the package is installed.
 HERE = str(Path(__file__).parent)
 PLACEHOLDER = "<lightning_modules/cli>"
-COLUMNS = 100
+COLUMNS = 80  # a terminal's default, and what fits the column of the documentation site
 
 
 def kept_help(command: str) -> str | None:
