@@ -67,9 +67,17 @@ def run(argv: list[str]) -> None:
         from ..loggers import wandb_runs_end_with_the_command
         from .training import TranslationCLI
 
-        with wandb_runs_end_with_the_command():
-            # LightningCLI reads sys.argv itself when given None: it warns when both are set.
-            TranslationCLI(args=None if argv == sys.argv[1:] else argv)
+        from_the_command_line = argv == sys.argv[1:]
+        program_arguments = sys.argv
+        try:
+            # LightningCLI reads sys.argv itself when given None, and warns when given words while sys.argv holds
+            # others: those of a notebook's kernel or of pytest, which are not this command's.
+            if not from_the_command_line:
+                sys.argv = sys.argv[:1]
+            with wandb_runs_end_with_the_command():
+                TranslationCLI(args=None if from_the_command_line else argv)
+        finally:
+            sys.argv = program_arguments
     else:
         from hf_transformer.errors import UserError
 
