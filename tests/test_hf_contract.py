@@ -206,7 +206,7 @@ class GreedyByDefaultTest(TransformerModelTest):
         self.model_tester = UnpaddedPromptTester(self)
 
 
-@pytest.mark.skipif(not SHARED_MIXINS, reason=f"upstream's GenerationTesterMixin is not in {upstream.SHARED}")
+@pytest.mark.skipif(not SHARED_MIXINS, reason=f"upstream's GenerationTesterMixin is missing: {upstream.SHARED_HINT}")
 @pytest.mark.parametrize(
     "name",
     [
