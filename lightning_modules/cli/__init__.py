@@ -96,9 +96,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(words)
         sys.stdout.flush()  # here, where a closed pipe can still be handled, not at exit
-        # Python's exit collects the objects of torch, transformers and Lightning module by module, over and over: a
-        # second or more of CPU for a short command. Nothing the command leaves needs collecting.
-        gc.freeze()
+        if argv is None:  # the process's own command, which ends here (not a call from a notebook or a test)
+            # Python's exit collects the objects of torch, transformers and Lightning module by module, over and
+            # over: a second or more of CPU for a short command. Nothing the command leaves needs collecting.
+            gc.freeze()
     except BrokenPipeError:
         # The reader of standard output is gone (`| head`): stop quietly, as a Unix filter does. Python's signal docs:
         # point standard output at devnull so that the flush at exit does not fail again.
