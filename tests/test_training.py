@@ -270,7 +270,7 @@ def test_config_errors_are_reported_before_any_work(run_dir):
         ("--model.warmup_steps=0", "model.warmup_steps=0 must be at least 1"),
         ("--model.cooldown_steps=-1", "model.cooldown_steps=-1 must be at least 0"),
         ("--model.rdrop_alpha=-1", "model.rdrop_alpha=-1.0 must be at least 0"),
-        ("--model.cooldown_steps=1100", "model.cooldown_steps=1100 needs trainer.max_steps (1200) of at least"),
+        ("--model.cooldown_steps=1150", "model.cooldown_steps=1150 needs trainer.max_steps (1200) of at least"),
         ("--model.config.label_smoothing=1.5", "TransformerConfig.label_smoothing must be in [0, 1), got 1.5"),
         ("--data.dataset=./no/such/folder", "no/such/folder does not exist"),
         ("--trainer.enable_checkpointing=false", "every run checkpoints (to resume, to average, to export)"),

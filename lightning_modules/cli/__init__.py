@@ -71,8 +71,9 @@ def run(argv: list[str]) -> None:
         program_arguments = sys.argv
         try:
             # LightningCLI reads sys.argv itself when given None, and warns when given words while sys.argv holds
-            # others: those of a notebook's kernel or of pytest, which are not this command's.
-            if not from_the_command_line:
+            # others: those of a notebook's kernel or of pytest, which are not this command's. (The command line less
+            # --traceback stays in sys.argv: DDP's launcher starts the other processes with it.)
+            if not from_the_command_line and argv != [word for word in sys.argv[1:] if word != "--traceback"]:
                 sys.argv = sys.argv[:1]
             with wandb_runs_end_with_the_command():
                 TranslationCLI(args=None if from_the_command_line else argv)
