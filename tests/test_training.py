@@ -1073,7 +1073,7 @@ def test_a_validation_split_too_small_for_limit_val_batches_is_one_line(run_dir,
         capsys, "fit", "--config", str(DEMO), "--config", "tiny.yaml", "--trainer.limit_val_batches=0.25"
     )
     assert message.endswith(
-        "validation split 'validation' makes 1 batch of up to 4096 tokens per device, and "
+        "validation split 'validation' makes 1 batch of up to 2048 tokens per device, and "
         "trainer.limit_val_batches=0.25 keeps 25% of them: less than one. Set "
         "trainer.limit_val_batches to 1.0 (the whole split) or to a number of batches (an int, e.g. 1)"
     )

@@ -60,7 +60,7 @@ def run(argv: list[str]) -> None:
         text = kept_help(command)
         if text is not None:
             print(text, end="")
-            return
+            raise SystemExit(0)  # as the parser's --help does
     if command in COMMANDS:
         importlib.import_module(COMMANDS[command], __name__).main(rest)
     elif command in TRAINER_COMMANDS or command.startswith("-"):
