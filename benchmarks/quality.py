@@ -32,7 +32,7 @@ import torch
 import yaml
 from machine import device_name
 from multi30k import TRANSLATIONS, multi30k_dir, read_split, test_splits
-from report import headline_recipe
+from report import headline_recipe, learning_curves_plot
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, translate
@@ -273,36 +273,23 @@ def add_run(runs: list[dict], entry: dict) -> list[dict]:
 CURVES = {"train_loss": "train/loss", "val_loss": "val/loss", "val_bleu": "val/bleu"}
 
 
+def validation_sample(settings: dict) -> str:
+    """What the validation of the learning curve ran on (trainer.limit_val_batches of val's batches, which come in an
+    order fixed by the data's seed): runs whose samples differ have validation curves that compare only in shape."""
+    limit = settings.get("trainer", {}).get("limit_val_batches")
+    if limit is None or limit == 1.0:
+        return "all of val"
+    if isinstance(limit, float):
+        return f"{limit:.0%} of val in a seed-fixed order"
+    return f"{limit} batches of val in a seed-fixed order"
+
+
 def curves(rows: list[dict[str, str]]) -> dict[str, list[list[float]]]:
     """The curves in the rows a run logged (`read_metrics`), each a list of [step, value]."""
     return {
         name: [[int(row["step"]), float(row[column])] for row in rows if row.get(column)]
         for name, column in CURVES.items()
     }
-
-
-def learning_curve(runs: list[dict], out: Path) -> None:
-    """Loss and validation BLEU over the steps of each of `runs` (scored entries of one recipe), one colour a seed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (losses, bleu) = plt.subplots(1, 2, figsize=(11, 4))
-    for colour, run in enumerate(runs):
-        logged, seed = run["learning_curve"], f"seed {run['seed']}"
-        losses.plot(*zip(*logged["train_loss"], strict=True), color=f"C{colour}", alpha=0.4, label=f"{seed}, train")
-        if logged["val_loss"]:
-            losses.plot(*zip(*logged["val_loss"], strict=True), "o-", color=f"C{colour}", label=f"{seed}, validation")
-        if logged["val_bleu"]:
-            bleu.plot(*zip(*logged["val_bleu"], strict=True), "o-", color=f"C{colour}", label=seed)
-    losses.set(xlabel="step", ylabel="cross-entropy per target token", title="Loss (train: label-smoothed)")
-    losses.legend()
-    bleu.set(xlabel="step", ylabel="sacreBLEU", title="Validation BLEU (beam 4, shortest quarter of val)")
-    bleu.legend()
-    figure.suptitle(f"Multi30k en-de, small post-LN Transformer, {runs[-1]['steps']:,} updates")
-    figure.tight_layout()
-    figure.savefig(out, dpi=110)
 
 
 def comma_separated(cast: Callable[[str], int | float], kind: str) -> Callable[[str], list]:
@@ -390,6 +377,7 @@ def main() -> None:
         "device": args.trained_on or device_name(here),
         "averaged_checkpoints": [path.name for path in averaged_paths],
         "averaging_grid": averaging_grid,
+        "validation_sample": validation_sample(run_settings(run)),
         "learning_curve": curves(metrics),
     }
     tests = test_splits("en", "de")
@@ -422,7 +410,7 @@ def main() -> None:
     seeds = [run for run in runs if run["recipe"] == plotted and run.get("learning_curve", {}).get("train_loss")]
     if seeds:
         plot = out.with_name(out.stem + "_learning_curve.png")
-        learning_curve(seeds, plot)
+        learning_curves_plot(plot, seeds)
         print(f"learning curve of {len(seeds)} seed(s): {plot}")
 
 

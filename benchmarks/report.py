@@ -9,12 +9,24 @@ test checks that README.md holds `table("headline")` as generated.
 
 import argparse
 import json
+import re
+import statistics
+import textwrap
 from collections import Counter
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# What the recipe is measured against: the tiny fairseq baseline of Revisit-MMT (github.com/LividWo/Revisit-MMT), the
+# same layout as configs/multi30k.yaml, on test_2016_flickr, in the tokenized, lowercased BLEU that Multi30k papers
+# report (docs/experiments.md says how it was trained).
+ANCHOR = {"name": "Revisit-MMT's tiny fairseq baseline", "tokenized BLEU, lowercased": 41.02}
+HEADLINE_TEST = "test_2016_flickr"
 
 
 @cache
@@ -53,57 +65,117 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def quality() -> str:
-    """Multi30k English -> German: each scored run's average of its last checkpoints, decoded as val chose, on every
-    test set scored, with the val -> test gap; a recipe of several seeds also gets their mean."""
-    rows = []
-    for recipe, all_runs in recipes().items():
-        tests = dict.fromkeys(split for run in all_runs for split in run["average"] if split.startswith("test"))
-        for split in tests:
-            runs = [run for run in all_runs if split in run["average"]]  # a test set a seed was not scored on
-            scores = []
-            for run in runs:
-                average = run["average"]
-                val, test = average["val"]["scores"], average[split]["scores"]
-                scores.append((val["sacreBLEU"], test["sacreBLEU"], test["tokenized BLEU, lowercased"]))
-                decoding = average["decoding"]
-                cells = [f"{value:.2f}" for value in scores[-1]]
-                if "sacrebleu_interval_95" in average[split]:  # runs scored before quality.py measured it have none
-                    cells[1] += f" ± {average[split]['sacrebleu_interval_95']:.2f}"
-                rows.append(
-                    [
-                        recipe,
-                        str(run["seed"]),
-                        f"{run['steps']:,}",
-                        f"last {len(run['averaged_checkpoints'])}, beam {decoding['num_beams']}, length penalty "
-                        f"{decoding['length_penalty']}",
-                        split,
-                        *cells,
-                        f"{average['val_to_test_gap'][split]:+.2f}",
-                    ]
-                )
-            if len(runs) > 1:
-                means = [_mean(list(column)) for column in zip(*scores, strict=True)]
-                gap = _mean([run["average"]["val_to_test_gap"][split] for run in runs])
-                rows.append(
-                    [f"**{recipe}**", f"**mean of {len(runs)}**", "", "", split]
-                    + [f"**{value:.2f}**" for value in means]
-                    + [f"**{gap:+.2f}**"]
-                )
-    header = ["recipe", "seed", "steps", "averaged, decoding (chosen on val)", "test set", "val sacreBLEU"]
-    header += ["test sacreBLEU", "test tokenized, lowercased", "val -> test gap"]
+def _items(recipe: str) -> list[str]:
+    """The settings a recipe's description lists after its version ("hf-transformer 0.4.0: dropout 0.3, ..."),
+    commas inside parentheses kept."""
+    return [item.strip() for item in re.split(r",\s*(?![^()]*\))", recipe.split(": ", 1)[-1]) if item.strip()]
+
+
+def setting_label(recipe: str, reference: str) -> str:
+    """A short name of `recipe` beside `reference` (the headline's): "the recipe", or the recipe with what this one
+    adds or changes; a recipe that shares less than half of the reference's settings keeps its own description."""
+    if recipe == reference:
+        return "the recipe"
+    ours, theirs = _items(recipe), _items(reference)
+    if len(set(ours) & set(theirs)) * 2 < len(theirs):
+        return recipe.split(": ", 1)[-1]
+    added = [item.removeprefix("and ") for item in ours if item not in theirs]
+    return "the recipe + " + ", ".join(added) if added else "the recipe"
+
+
+def _spread(values: list[float]) -> str:
+    """Mean ± the standard deviation over seeds; one value alone."""
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{_mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def _test_scores(runs: list[dict], split: str, score: str) -> list[float]:
+    return [run["average"][split]["scores"][score] for run in runs if split in run["average"]]
+
+
+def anchor() -> str:
+    """The headline: the recipe scored on the most seeds against the anchor, mean ± spread over its seeds."""
+    recipe = headline_recipe(result("multi30k")["runs"])
+    runs = recipes()[recipe]
+    tokenized = _test_scores(runs, HEADLINE_TEST, "tokenized BLEU, lowercased")
+    sacrebleu = _test_scores(runs, HEADLINE_TEST, "sacreBLEU")
+    rows = [
+        [
+            f"the recipe (`configs/multi30k.yaml`), {len(runs)} seeds",
+            f"**{_spread(tokenized)}**",
+            f"{_mean(tokenized) - ANCHOR['tokenized BLEU, lowercased']:+.2f}",
+            _spread(sacrebleu),
+        ],
+        [ANCHOR["name"], f"{ANCHOR['tokenized BLEU, lowercased']:.2f}", "", "not reported"],
+    ]
+    header = [f"{HEADLINE_TEST}", "tokenized, lowercased BLEU", "against the anchor", "sacreBLEU"]
     return markdown(header, rows)
 
 
-def quality_time() -> str:
-    """What each scored Multi30k run trained (updates, target tokens) and how long it took where it ran."""
+def settings() -> str:
+    """One row per setting tried at the recipe's budget: its seeds, the mean ± spread of its test and val scores."""
+    reference = headline_recipe(result("multi30k")["runs"])
     rows = []
     for recipe, runs in recipes().items():
+        tokenized = _test_scores(runs, HEADLINE_TEST, "tokenized BLEU, lowercased")
+        rows.append(
+            [
+                setting_label(recipe, reference),
+                str(len(runs)),
+                _spread(tokenized),
+                _spread(_test_scores(runs, HEADLINE_TEST, "sacreBLEU")),
+                _spread([run["average"]["val"]["scores"]["sacreBLEU"] for run in runs]),
+            ]
+        )
+    header = ["setting", "seeds", f"{HEADLINE_TEST}: tokenized, lowercased", "sacreBLEU", "val sacreBLEU"]
+    return markdown(header, rows)
+
+
+def later_test_sets() -> str:
+    """Each setting's mean sacreBLEU on the later Multi30k test sets, where its seeds were scored on them."""
+    reference = headline_recipe(result("multi30k")["runs"])
+    grouped = recipes()
+    splits = sorted({split for runs in grouped.values() for run in runs for split in run["average"]} - {HEADLINE_TEST})
+    splits = [split for split in splits if split.startswith("test")]
+    rows = []
+    for recipe, runs in grouped.items():
+        cells = [
+            _spread(scores) if (scores := _test_scores(runs, split, "sacreBLEU")) else "not scored" for split in splits
+        ]
+        if any(cell != "not scored" for cell in cells):
+            rows.append([setting_label(recipe, reference), str(len(runs)), *cells])
+    return markdown(["setting", "seeds", *splits], rows)
+
+
+def runs_detail() -> str:
+    """Every scored run, a section per setting: each seed's scores on each test set (decoding chosen on val, the 95%
+    interval of the test sacreBLEU where measured, the val -> test gap) and what it trained, where and how long."""
+    reference = headline_recipe(result("multi30k")["runs"])
+    sections = []
+    for recipe, runs in recipes().items():
+        scores, times = [], []
         for run in runs:
+            average, decoding = run["average"], run["average"]["decoding"]
+            for split in (split for split in average if split.startswith("test")):
+                test = average[split]
+                sacrebleu = f"{test['scores']['sacreBLEU']:.2f}"
+                if "sacrebleu_interval_95" in test:  # runs scored before quality.py measured it have none
+                    sacrebleu += f" ± {test['sacrebleu_interval_95']:.2f}"
+                scores.append(
+                    [
+                        str(run["seed"]),
+                        split,
+                        f"{average['val']['scores']['sacreBLEU']:.2f}",
+                        sacrebleu,
+                        f"{test['scores']['tokenized BLEU, lowercased']:.2f}",
+                        f"{average['val_to_test_gap'][split]:+.2f}",
+                        f"{len(run['averaged_checkpoints'])} / {decoding['num_beams']} / {decoding['length_penalty']}",
+                    ]
+                )
             tokens, rate = run["target_tokens"], run["target_tokens_per_sec"]
-            rows.append(
+            times.append(
                 [
-                    recipe,
                     str(run["seed"]),
                     run["device"] or "not recorded",
                     f"{run['steps']:,}",
@@ -112,8 +184,15 @@ def quality_time() -> str:
                     f"{rate:,.0f}" if rate else "not recorded",
                 ]
             )
-    header = ["recipe", "seed", "device", "steps", "target tokens", "training, min", "target tokens/s (median)"]
-    return markdown(header, rows)
+        header = ["seed", "test set", "val sacreBLEU", "test sacreBLEU", "tokenized, lowercased", "gap"]
+        header += ["averaged / beam / length penalty"]
+        time_header = ["seed", "trained on", "steps", "target tokens", "minutes", "target tokens/s (median)"]
+        label = setting_label(recipe, reference)
+        sections.append(
+            f"### {label[:1].upper() + label[1:]}\n\n{recipe}.\n\n{markdown(header, scores)}\n\n"
+            f"{markdown(time_header, times)}"
+        )
+    return "\n\n".join(sections)
 
 
 def quality_signatures() -> str:
@@ -228,8 +307,24 @@ def precision() -> str:
 
 
 def data_scale() -> str:
-    """Preparing a corpus, by size (`benchmarks/data_scale.py`): each phase of a first run, the second run, peak
-    memory, tokenization against `encode_batch`, and two DDP processes."""
+    """Preparing a corpus, by size (`benchmarks/data_scale.py`): the time of each phase of a first run, and the second
+    run's time to its first batch."""
+    rows = []
+    for entry in result("data_scale")["sizes"]:
+        phases = entry["first_run"]["phases_s"]
+        rows.append(
+            [
+                f"{entry['pairs']:,}",
+                *(f"{phases[phase]:,.1f}" for phase in ("read", "tokenizer", "tokenize", "plan", "first_batch")),
+                f"{entry['second_run']['to_first_batch_s']:,.1f}",
+            ]
+        )
+    header = ["pairs", "read, s", "tokenizer, s", "tokenize, s", "plan, s", "first batch, s", "second run, s"]
+    return markdown(header, rows)
+
+
+def data_scale_memory() -> str:
+    """The same runs' peak memory, tokenization rate against `encode_batch`, cache size and two DDP processes."""
     rows = []
     for entry in result("data_scale")["sizes"]:
         first, phases = entry["first_run"], entry["first_run"]["phases_s"]
@@ -237,8 +332,6 @@ def data_scale() -> str:
         rows.append(
             [
                 f"{entry['pairs']:,}",
-                *(f"{phases[phase]:,.1f}" for phase in ("read", "tokenizer", "tokenize", "plan", "first_batch")),
-                f"{entry['second_run']['to_first_batch_s']:,.1f}",
                 f"{first['peak_anonymous_memory_mib']:,.0f} / {first['peak_memory_mib']:,.0f}",
                 f"{entry['second_run']['peak_anonymous_memory_mib']:,.0f}",
                 f"{entry['pairs'] / phases['tokenize']:,.0f}",
@@ -249,8 +342,7 @@ def data_scale() -> str:
                 " / ".join(f"{rank['peak_memory_mib']:,.0f}" for rank in ddp["ranks"]) if ddp else "not run",
             ]
         )
-    header = ["pairs", "read, s", "tokenizer, s", "tokenize, s", "plan, s", "first batch, s", "second run, s"]
-    header += ["first run: peak anonymous / resident MiB", "second run: peak anonymous MiB"]
+    header = ["pairs", "first run: peak anonymous / resident MiB", "second run: peak anonymous MiB"]
     header += ["first run: pairs/s tokenized", "tokenization: x encode_batch / x encode_batch_fast", "cache MiB"]
     header += ["DDP: peak resident MiB per rank"]
     return markdown(header, rows)
@@ -359,12 +451,152 @@ def headline() -> str:
     return markdown(["result", "value", "reproduce"], rows)
 
 
+# --- plots -------------------------------------------------------------------------------------------------------
+
+
+def _figure(width: float, height: float):
+    """A matplotlib figure drawn without pyplot (no window, no global state)."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def quality_by_setting_plot(out: Path) -> "Figure":
+    """Each setting's test_2016_flickr tokenized, lowercased BLEU: a dot per seed, the mean ± spread over its seeds,
+    the anchor as a line."""
+    reference = headline_recipe(result("multi30k")["runs"])
+    grouped = list(reversed(recipes().items()))  # the first scored on top
+    figure = _figure(8, 0.5 * len(grouped) + 1.5)
+    axes = figure.add_subplot()
+    scores = []
+    for row, (recipe, runs) in enumerate(grouped):
+        values = _test_scores(runs, HEADLINE_TEST, "tokenized BLEU, lowercased")
+        scores += values
+        colour = "C0" if recipe == reference else "C7"
+        axes.scatter(values, [row] * len(values), color=colour, alpha=0.5, s=18, zorder=2)
+        spread = statistics.stdev(values) if len(values) > 1 else 0
+        axes.errorbar(_mean(values), row, xerr=spread, fmt="D", color=colour, capsize=4, markersize=6, zorder=3)
+    labels = [textwrap.fill(f"{setting_label(recipe, reference)} ({len(runs)})", 45) for recipe, runs in grouped]
+    axes.set_yticks(range(len(grouped)), labels, fontsize=8)
+    target = ANCHOR["tokenized BLEU, lowercased"]
+    axes.axvline(target, color="C3", linestyle="--", linewidth=1.2)
+    axes.text(target, len(grouped) - 0.4, f" anchor {target:.2f}", color="C3", fontsize=8, ha="left", va="center")
+    axes.set_xlim(min(scores) - 0.3, max(target, max(scores)) + 0.6)
+    axes.set_ylim(-0.6, len(grouped) - 0.1)
+    axes.set_xlabel(f"{HEADLINE_TEST}, tokenized lowercased BLEU")
+    axes.set_title("Each setting (seeds): a dot per seed, their mean ± standard deviation", fontsize=10)
+    axes.grid(axis="x", alpha=0.3)
+    figure.savefig(out, dpi=110)
+    return figure
+
+
+def learning_curves_plot(out: Path, runs: list[dict] | None = None) -> "Figure":
+    """Training loss, validation loss and validation BLEU over the steps of each seed of a recipe (by default the
+    headline's), one colour a seed. The seeds train on the same batches in the same order (the data's own seed), so
+    their training losses all but coincide: the panel shows their mean and their range. A seed whose validation ran on
+    another sample of val than the first seed's is drawn dashed, its sample named in the legend: its validation
+    scores compare with the others' only in shape."""
+    if runs is None:
+        scored = result("multi30k")["runs"]
+        runs = [run for run in recipes()[headline_recipe(scored)] if run.get("learning_curve", {}).get("train_loss")]
+    figure = _figure(13, 4.2)
+    losses, validation, bleu = figure.subplots(1, 3)
+    steps = [step for step, _ in runs[0]["learning_curve"]["train_loss"]]
+    by_step = [dict(map(tuple, run["learning_curve"]["train_loss"])) for run in runs]
+    steps = [step for step in steps if all(step in logged for logged in by_step)]
+    values = [[logged[step] for logged in by_step] for step in steps]
+    losses.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color="C0", alpha=0.3, lw=0)
+    losses.plot(steps, [_mean(v) for v in values], color="C0", linewidth=1, label=f"mean of {len(runs)} seeds")
+    losses.set(xlabel="step", ylabel="cross-entropy per target token", title="Training loss (label-smoothed)")
+    losses.set_ylim(top=min(6, losses.get_ylim()[1]))
+    losses.legend(fontsize=8, title="shaded: lowest to highest seed", title_fontsize=8)
+    first_sample = runs[0].get("validation_sample")
+    for colour, run in enumerate(runs):
+        logged, sample = run["learning_curve"], run.get("validation_sample")
+        style = dict(linestyle="-" if sample == first_sample else "--", marker="o", markersize=3, color=f"C{colour}")
+        label = f"seed {run['seed']}" + (f": {sample}" if sample != first_sample else "")
+        if logged["val_loss"]:
+            validation.plot(*zip(*logged["val_loss"], strict=True), **style, label=label)
+        if logged["val_bleu"]:
+            bleu.plot(*zip(*logged["val_bleu"], strict=True), **style, label=label)
+    title = "Validation loss" + (f" on {first_sample}" if first_sample else "")
+    validation.set(xlabel="step", title=title)
+    validation.legend(fontsize=8)
+    bleu.set(xlabel="step", ylabel="sacreBLEU", title="Validation BLEU (beam 4), same samples")
+    bleu.legend(fontsize=8)
+    for axes in (losses, validation, bleu):
+        axes.grid(alpha=0.3)
+    figure.suptitle(f"Multi30k en-de, {runs[-1]['steps']:,} updates, {len(runs)} seeds", fontsize=10)
+    figure.savefig(out, dpi=110)
+    return figure
+
+
+def speed_plot(out: Path) -> "Figure":
+    """Training throughput of ours, Marian and `nn.Transformer` on the same batches, and decoding speed against
+    Marian's `generate()` and a loop of `generate()` (`benchmarks/speed.py`), ours labelled with its ratio."""
+    speed = result("speed")
+    figure = _figure(11, 3.8)
+    training, decoding = figure.subplots(1, 2)
+    width = 0.26
+    for index, peer in enumerate(("ours", "marian", "nn.Transformer")):
+        rates = [entry["tokens_per_sec"][peer] for entry in speed["training"]]
+        positions = [row + (index - 1) * width for row in range(len(rates))]
+        training.barh(positions, rates, height=width, color=f"C{index}", label=peer.replace("marian", "Marian"))
+    for row, entry in enumerate(speed["training"]):
+        ratios = entry["ratio_ours_over"]
+        text = f" {_x(ratios['marian'])} Marian, {_x(ratios['nn.Transformer'])} nn.Transformer"
+        training.text(entry["tokens_per_sec"]["ours"], row - width, text, va="center", fontsize=8)
+    training.set_yticks(range(len(speed["training"])), [f"{entry['size']} model" for entry in speed["training"]])
+    training.invert_yaxis()
+    training.set_xlim(right=training.get_xlim()[1] * 1.6)
+    training.set(xlabel="target tokens/s", title="Training, one CPU process")
+    training.legend(fontsize=8, loc="lower right")
+    generation = speed["generation"]
+    rows = []
+    for search in ("greedy", "beam4"):
+        rates = generation[search]["sentences_per_sec"]
+        rows.append((f"generate(), {search.replace('beam4', 'beam 4')}", rates["ours eager"], rates["marian eager"]))
+    batched = generation["batched_translate"]["sentences_per_sec"]
+    rows.append(("translate() against a loop of generate()", batched["translate"], batched["naive_loop"]))
+    for row, (_, ours, theirs) in enumerate(rows):
+        decoding.barh(row - width / 2, ours, height=width, color="C0", label="ours" if row == 0 else None)
+        decoding.barh(row + width / 2, theirs, height=width, color="C1", label="peer" if row == 0 else None)
+        decoding.text(ours, row - width / 2, f" {_x(ours / theirs)}", va="center", fontsize=8)
+    decoding.set_yticks(range(len(rows)), [name for name, _, _ in rows], fontsize=8)
+    decoding.invert_yaxis()
+    decoding.set_xlim(right=decoding.get_xlim()[1] * 1.15)
+    decoding.set(xlabel="sentences/s", title="Decoding the test set (eager)")
+    decoding.legend(fontsize=8, loc="lower right")
+    for axes in (training, decoding):
+        axes.grid(axis="x", alpha=0.3)
+    figure.savefig(out, dpi=110)
+    return figure
+
+
+PLOTS: dict[str, Callable[[Path], "Figure"]] = {
+    "quality_by_setting": quality_by_setting_plot,
+    "learning_curves": learning_curves_plot,
+    "speed": speed_plot,
+}
+
+
+def plot(name: str, out: Path) -> Path:
+    """Draw the plot `name` (a key of `PLOTS`) into the PNG `out`."""
+    if name not in PLOTS:
+        raise KeyError(f"no plot {name!r}: choose one of {', '.join(PLOTS)}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    PLOTS[name](out)
+    return out
+
+
 TABLES: dict[str, Callable[[], str]] = {
     function.__name__: function
     for function in (
         headline,
-        quality,
-        quality_time,
+        anchor,
+        settings,
+        later_test_sets,
+        runs_detail,
         quality_signatures,
         training_speed,
         training_memory,
@@ -374,6 +606,7 @@ TABLES: dict[str, Callable[[], str]] = {
         padding,
         precision,
         data_scale,
+        data_scale_memory,
         data_scale_streaming,
         ensemble,
         ensemble_cost,
@@ -389,6 +622,11 @@ def table(name: str) -> str:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Print a results table as Markdown.")
-    parser.add_argument("name", choices=list(TABLES))
-    print(table(parser.parse_args().name))
+    parser = argparse.ArgumentParser(description="Print a results table as Markdown, or draw a plot (--plot PNG).")
+    parser.add_argument("name", choices=[*TABLES, *PLOTS])
+    parser.add_argument("--plot", metavar="PNG", help="draw the plot NAME into this file")
+    args = parser.parse_args()
+    if args.name in PLOTS:
+        print(plot(args.name, Path(args.plot or f"{args.name}.png")))
+    else:
+        print(table(args.name))

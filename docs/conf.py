@@ -2,13 +2,11 @@
 
 Pages are Markdown (MyST). Some of their content is generated at build time, where a page holds a marker line:
 - `<!-- generated: table NAME -->`: a results table from `benchmarks/results/*.json` (`benchmarks/report.py`);
+- `<!-- generated: plot NAME -->`: a plot of the same JSON (`report.PLOTS`), drawn into `_generated/NAME.png`;
 - `<!-- generated: help COMMAND -->`: the `--help` of `hf-transformer COMMAND`, as its parser prints it.
 The API and configuration references come from the docstrings (autodoc).
 """
 
-import contextlib
-import io
-import os
 import re
 import sys
 from pathlib import Path
@@ -25,7 +23,10 @@ extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphin
 myst_enable_extensions = ["colon_fence"]
 myst_heading_anchors = 3
 source_suffix = {".md": "markdown"}
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "_generated"]
+# Code blocks wrap their long lines rather than hide them behind a scrollbar, and tables fit the column.
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]
 html_theme = "furo"
 html_title = "hf-transformer"
 autodoc_member_order = "bysource"
@@ -40,30 +41,30 @@ nitpick_ignore_regex = [
         r"(torch|transformers|lightning|datasets|tokenizers|huggingface_hub|pathlib|numpy|fastapi|collections)\..*",
     ),
     (r"py:class", r"GenerationMixin|PreTrainedTokenizer(Base|Fast)?|Module|Figure|Kind|CTranslate2Translator"),
+    # A type named as text where importing it would load torch (the export registry answers `export --help`).
+    (r"py:class", r"TransformerForConditionalGeneration"),
 ]
 
-MARKER = re.compile(r"^<!-- generated: (table|help) ([\w-]+) -->$", re.MULTILINE)
+MARKER = re.compile(r"^<!-- generated: (table|plot|help) ([\w-]+) -->$", re.MULTILINE)
+GENERATED = Path(__file__).resolve().parent / "_generated"  # the plots, drawn at each build (not in git)
 
 
 def help_text(command: str) -> str:
-    """What `hf-transformer COMMAND --help` prints, 100 columns wide."""
-    from lightning_modules.cli import run
+    """What `hf-transformer COMMAND --help` prints, 80 columns wide, naming the package's files by their place in
+    the repository."""
+    from lightning_modules.cli.help import HERE, parser_help
 
-    output = io.StringIO()
-    os.environ["COLUMNS"] = "100"
-    argv, sys.argv = sys.argv, ["hf-transformer"]  # LightningCLI warns when sys.argv holds other arguments
-    try:
-        with contextlib.redirect_stdout(output), contextlib.suppress(SystemExit):
-            run([command, "--help"] if command != "hf-transformer" else ["--help"])
-    finally:
-        sys.argv = argv
-    return output.getvalue().rstrip()
+    return parser_help(command).replace(HERE, "lightning_modules/cli").rstrip()
 
 
 def generated(match: re.Match) -> str:
     kind, name = match.groups()
     if kind == "table":
         return report.table(name)
+    if kind == "plot":
+        report.plot(name, GENERATED / f"{name}.png")
+        alt = " ".join(report.PLOTS[name].__doc__.split(". ")[0].replace("`", "").split())
+        return f"![{alt}](_generated/{name}.png)"
     return f"```text\n{help_text(name)}\n```"
 
 

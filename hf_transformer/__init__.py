@@ -7,32 +7,26 @@
 - `hf_transformer.hub`: sharing a folder on the Hugging Face Hub, with its model card.
 - `hf_transformer.serving`: a web page and JSON API; `hf_transformer.scoring`: the scores papers report.
 
-Importing this package registers the model with the Auto classes (`AutoConfig`, `AutoModel`,
-`AutoModelForSeq2SeqLM`) and the "translation" pipeline, and marks its files to be saved along with every
-checkpoint (`auto_map`), so that a saved folder also loads with `trust_remote_code=True` where this package is not
-installed.
+The names below are imported on first use, so that `import hf_transformer` (and the `hf-transformer` command's
+`--help`) loads neither torch nor transformers. Importing the model (`hf_transformer.model`, which any of these names
+imports) registers it with the Auto classes (`AutoConfig`, `AutoModel`, `AutoModelForSeq2SeqLM`) and marks its files
+to be saved along with every checkpoint (`auto_map`), so that a saved folder also loads with `trust_remote_code=True`
+where this package is not installed; `TranslationPipeline` registers the "translation" pipeline.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
-from transformers.pipelines import PIPELINE_REGISTRY
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from .decoding import translate
-from .model import (
-    PRESETS,
-    TransformerConfig,
-    TransformerForConditionalGeneration,
-    TransformerModel,
-    TransformerPreTrainedModel,
-    TranslationPipeline,
-)
-
-AutoConfig.register(TransformerConfig.model_type, TransformerConfig)
-AutoModel.register(TransformerConfig, TransformerModel)
-AutoModelForSeq2SeqLM.register(TransformerConfig, TransformerForConditionalGeneration)
-TransformerConfig.register_for_auto_class()
-TransformerModel.register_for_auto_class("AutoModel")
-TransformerForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
-PIPELINE_REGISTRY.register_pipeline("translation", pipeline_class=TranslationPipeline, pt_model=AutoModelForSeq2SeqLM)
+if TYPE_CHECKING:
+    from .decoding import translate
+    from .model import (
+        PRESETS,
+        TransformerConfig,
+        TransformerForConditionalGeneration,
+        TransformerModel,
+        TransformerPreTrainedModel,
+        TranslationPipeline,
+    )
 
 __all__ = [
     "PRESETS",
@@ -43,3 +37,16 @@ __all__ = [
     "TranslationPipeline",
     "translate",
 ]
+_HOMES = {name: ".model" for name in __all__} | {"translate": ".decoding"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name], __name__), name)
+        globals()[name] = value  # later lookups find it without this function
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

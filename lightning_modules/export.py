@@ -11,11 +11,13 @@ from hf_transformer.export import DEFAULT_FORMAT, FORMATS, export_model
 from hf_transformer.hub.model_card import TRAINING_DESCRIPTION, write_model_card
 
 from .checkpoint import (
+    RUN_ID,
     average_checkpoints,
     averaging_span_warning,
     last_checkpoints,
     load_checkpoint,
     model_from_checkpoint,
+    read_checkpoint,
     tokenizer_from_checkpoint,
 )
 
@@ -51,6 +53,40 @@ def read_results(path: str | Path) -> dict[str, float]:
             f"--results {path}: expected a JSON object of metric name -> number, such as the test_scores.json that "
             f"`hf-transformer test` writes ({err})"
         ) from err
+
+
+# The scores `hf-transformer test` gave one checkpoint, kept beside it so that `export` and `push` put them on the card.
+TESTED_FILE = "test_scores-step{step:06d}.json"
+
+
+def keep_test_scores(checkpoint_path: str | Path, scores: dict[str, float], written_to: Path) -> Path | None:
+    """Write the test `scores` of the checkpoint at `checkpoint_path` beside it, naming its run and step (the weights
+    they belong to) and where the test wrote its files; None for a checkpoint without a run id (before 0.3)."""
+    checkpoint_path = Path(checkpoint_path)
+    checkpoint = read_checkpoint(checkpoint_path, mmap=True)
+    if checkpoint.get(RUN_ID) is None:
+        return None
+    step = checkpoint["global_step"]
+    record = {"run_id": checkpoint[RUN_ID], "step": step, "checkpoint": checkpoint_path.name, "scores": scores}
+    record["test_files"] = str(written_to)
+    path = checkpoint_path.parent / TESTED_FILE.format(step=step)
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def kept_test_scores(checkpoint_path: str | Path, checkpoint: dict[str, Any]) -> tuple[dict[str, float], Path] | None:
+    """The test scores kept beside `checkpoint_path` for these very weights (same run, same step), and their file;
+    None for an average (no test scored it) or where none were kept."""
+    if "averaged_steps" in checkpoint or checkpoint.get(RUN_ID) is None:
+        return None
+    path = Path(checkpoint_path).parent / TESTED_FILE.format(step=checkpoint["global_step"])
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if record.get("run_id") != checkpoint[RUN_ID] or record.get("step") != checkpoint["global_step"]:
+        return None  # another run's, in a folder that was reused
+    return {str(name): float(value) for name, value in record["scores"].items()}, path
 
 
 def export_checkpoint(

@@ -164,7 +164,10 @@ def multi30k_dir() -> str:
     """The Multi30k folder from MULTI30K_DIR, or skip the test saying how to enable it."""
     path = os.environ.get("MULTI30K_DIR")
     if not path or not os.path.isdir(path):
-        pytest.skip("MULTI30K_DIR is unset or not a folder: point it at shared/data/multi30k to run this test")
+        pytest.skip(
+            "set MULTI30K_DIR to a folder of Multi30k's files ({train,val,test_2016_flickr}.{en,de}[.gz], from "
+            "github.com/multi30k/dataset, data/task1/raw) to run this test"
+        )
     return path
 
 

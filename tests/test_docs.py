@@ -3,6 +3,7 @@
 warnings as errors by `.ci/run`: `python -m sphinx -W -n docs ...`.)"""
 
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import report  # noqa: E402
 
-MARKER = re.compile(r"^<!-- generated: (table|help) ([\w-]+) -->$", re.MULTILINE)
+MARKER = re.compile(r"^<!-- generated: (table|plot|help) ([\w-]+) -->$", re.MULTILINE)
 
 
 def test_readme_holds_the_headline_table_as_generated_from_the_results():
@@ -27,9 +28,11 @@ def test_readme_is_a_front_page():
 
 
 def test_ci_runs_readmes_test_command_and_the_slow_tests_it_leaves_out():
-    """README's second command is the one `.ci/run` runs, and CI runs the end-to-end tests it deselects too."""
+    """README's second line installs the test tools and runs the test command that `.ci/run` runs, and CI runs the
+    end-to-end tests it deselects too."""
     block = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
-    command = block.splitlines()[1]
+    install, command = block.splitlines()[1].split(" && ", 1)
+    assert install == 'pip install -e ".[dev]"'
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert command.startswith("python -m pytest") and '-m "not slow"' in command
     assert any(line.split("  #")[0].strip() == command for line in ci)
@@ -40,7 +43,7 @@ def test_ci_runs_readmes_test_command_and_the_slow_tests_it_leaves_out():
 def test_every_generated_table_of_a_page_exists(page):
     for kind, name in MARKER.findall(page.read_text()):
         if kind == "table":
-            assert report.table(name).startswith("|")
+            assert "\n|---|" in report.table(name)  # a Markdown table (a section per setting has several)
 
 
 def test_a_table_changes_with_its_json(monkeypatch):
@@ -51,16 +54,19 @@ def test_a_table_changes_with_its_json(monkeypatch):
     assert "9.50x" in report.table("training_speed")
 
 
-def test_a_recipe_of_several_seeds_is_reported_with_their_mean(monkeypatch):
+def test_a_recipe_of_several_seeds_is_reported_with_their_mean_and_spread(monkeypatch):
     run = report.result("multi30k")["runs"][0]
     other = {**run, "seed": 1, "average": {**run["average"], "val_to_test_gap": {"test_2016_flickr": 0.5}}}
     test = other["average"]["test_2016_flickr"]
     other["average"]["test_2016_flickr"] = {**test, "scores": {**test["scores"], "tokenized BLEU, lowercased": 50.0}}
     runs, stored = {"runs": [run, other]}, report.result
     monkeypatch.setattr(report, "result", lambda name: runs if name == "multi30k" else stored(name))
-    mean = (run["average"]["test_2016_flickr"]["scores"]["tokenized BLEU, lowercased"] + 50.0) / 2
-    assert "**mean of 2** |  |  | test_2016_flickr |" in report.table("quality")
-    assert f"**{mean:.2f}**" in report.table("quality")
+    first = run["average"]["test_2016_flickr"]["scores"]["tokenized BLEU, lowercased"]
+    mean, spread = statistics.mean([first, 50.0]), statistics.stdev([first, 50.0])
+    assert f"| the recipe | 2 | {mean:.2f} ± {spread:.2f} |" in report.table("settings")
+    assert f"**{mean:.2f} ± {spread:.2f}** | {mean - report.ANCHOR['tokenized BLEU, lowercased']:+.2f}" in report.table(
+        "anchor"
+    )
     assert "mean of 2 seeds" in report.table("headline") and f"/ {mean:.2f}" in report.table("headline")
 
 
@@ -71,9 +77,44 @@ def test_a_test_set_only_some_seeds_were_scored_on_is_averaged_over_those(monkey
     other = {**run, "seed": 1, "average": {**run["average"], "test_2017_mscoco": later, "val_to_test_gap": gaps}}
     runs, stored = {"runs": [run, other]}, report.result
     monkeypatch.setattr(report, "result", lambda name: runs if name == "multi30k" else stored(name))
-    table = report.table("quality")
-    assert "**mean of 2** |  |  | test_2016_flickr |" in table
-    assert "| 1 | " in table and "| test_2017_mscoco | " in table and "mean of 1" not in table
+    assert report.table("later_test_sets").splitlines()[2:] == ["| the recipe | 2 | 30.00 |"]
+    detail = report.table("runs_detail")
+    assert detail.count("| test_2016_flickr |") == 2 and detail.count("| test_2017_mscoco |") == 1
+
+
+def test_a_setting_is_named_by_what_it_changes_and_has_one_row():
+    recipe = "hf-transformer 0.3.0: dropout 0.3, warm-up 2000, peak lr 0.005, 8192-token batches, bf16-mixed"
+    changed = "hf-transformer 0.4.0: dropout 0.3, attention dropout 0.1, warm-up 2000, peak lr 0.005, 4096-token "
+    changed += "batches"
+    averaged = recipe + ", and an exponential moving average of the weights (EMAWeightAveraging, decay 0.998)"
+    assert report.setting_label(recipe, recipe) == "the recipe"
+    assert report.setting_label(changed, recipe) == "the recipe + attention dropout 0.1, 4096-token batches"
+    assert report.setting_label(averaged, recipe).endswith(
+        "+ an exponential moving average of the weights (EMAWeightAveraging, decay 0.998)"
+    )
+    assert report.setting_label("configs/multi30k.yaml of 0.3.0: one hour", recipe) == "one hour"
+    rows = report.table("settings").splitlines()[2:]
+    assert len(rows) == len(report.recipes())  # one row per setting, its seeds together
+
+
+def test_every_plot_of_a_page_is_drawn_and_a_seed_validated_on_another_sample_is_marked(tmp_path):
+    """The learning curves of the recipe's seeds: seed 3 validated on another quarter of val than seeds 0-2 (a BLEU
+    about 10 lower from the sample alone), and nothing said so. Its curves are dashed and their legend names its
+    sample."""
+    pytest.importorskip("matplotlib", reason="the plots need matplotlib: pip install 'hf-transformer[plot]'")
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        for kind, name in MARKER.findall(page.read_text()):
+            if kind == "plot":
+                assert report.plot(name, tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    figure = report.learning_curves_plot(tmp_path / "curves.png")
+    bleu = figure.axes[2]
+    styles = {line.get_label(): line.get_linestyle() for line in bleu.get_lines()}
+    samples = {
+        run["seed"]: run["validation_sample"]
+        for run in report.recipes()[report.headline_recipe(report.result("multi30k")["runs"])]
+    }
+    assert samples[3] != samples[0]
+    assert styles[f"seed 3: {samples[3]}"] == "--" and styles["seed 0"] == styles["seed 1"] == "-"
 
 
 def test_the_headline_reports_the_recipe_scored_last_with_all_its_seeds(monkeypatch):

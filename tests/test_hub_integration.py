@@ -26,9 +26,9 @@ from hf_transformer import TransformerForConditionalGeneration, TranslationPipel
 from hf_transformer.errors import HubError
 from hf_transformer.hub.model_card import bleu_signature, signatures, write_model_card
 from lightning_modules.callbacks.push_to_hub import PushToHubCallback
-from lightning_modules.checkpoint import load_checkpoint, model_from_checkpoint, tokenizer_from_checkpoint
+from lightning_modules.checkpoint import RUN_ID, load_checkpoint, model_from_checkpoint, tokenizer_from_checkpoint
 from lightning_modules.cli import main
-from lightning_modules.export import export_checkpoint
+from lightning_modules.export import export_checkpoint, keep_test_scores
 from lightning_modules.module import TranslationModule
 from lightning_modules.schedules import InverseSquareRoot
 
@@ -228,7 +228,8 @@ def test_pushed_checkpoints_load_by_repo_id_and_revision_without_the_package(
 
     assert second_status == 0
     first, second = commit_sha(out), commit_sha(second_out)
-    assert first != second and HfApi().model_info(REPO).sha == second
+    # main ends on the card's own commit, whose snippet pins the commit of the model (and of its code).
+    assert first != second and f'revision = "{second}"' in repo_files(hub_endpoint)["README.md"].decode()
     assert [hub_endpoint.repos[REPO].commits[sha].message for sha in (first, second)] == [
         "first",
         "Upload second.ckpt with hf-transformer",
@@ -263,12 +264,17 @@ def test_after_a_first_download_a_fresh_interpreter_loads_offline_from_the_cache
 def test_the_cards_usage_snippet_runs_as_written_against_the_repo(
     hub_endpoint: FakeHub, checkpoint_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert push(str(checkpoint_path), REPO, capsys=capsys)[0] == 0
+    status, out, _ = push(str(checkpoint_path), REPO, capsys=capsys)
+    assert status == 0
     card = Path(hf_hub_download(REPO, "README.md")).read_text()
     snippet = re.search(r"```python\n(.*?)```", card, flags=re.DOTALL).group(1)
     assert f'model_id = "{REPO}"' in snippet
+    # Pinned to the commit that pushed the model (the card's own commit follows it): transformers warned six times,
+    # once per code file, that new code was downloaded and might hold malicious code.
+    assert f'revision = "{commit_sha(out)}"' in snippet
 
     result = run_without_the_package(tmp_path, 'import sys\nsys.modules["hf_transformer"] = None\n' + snippet)
+    assert "malicious" not in result.stderr and "revision" not in result.stderr, result.stderr
 
     checkpoint = load_checkpoint(checkpoint_path)
     tokenizer, model = tokenizer_from_checkpoint(checkpoint), model_from_checkpoint(checkpoint)
@@ -425,6 +431,15 @@ def test_every_route_to_a_shared_folder_carries_the_test_scores_into_the_card(
     assert status == 0, err
     assert eval_results(ModelCard.load(hf_hub_download(REPO, "README.md", force_download=True))) == expected
 
+    # A checkpoint that `hf-transformer test` scored, pushed without --results: the scores kept beside it.
+    tested = tmp_path / "tested" / "last.ckpt"
+    tested.parent.mkdir()
+    torch.save({**load_checkpoint(checkpoint_path), RUN_ID: "a run"}, tested)
+    keep_test_scores(tested, json.loads(scores.read_text()), tmp_path / "logs")
+    status, out, err = push(str(tested), REPO, capsys=capsys)
+    assert status == 0 and "Test scores on the model card: " in out, err
+    assert eval_results(ModelCard.load(hf_hub_download(REPO, "README.md", force_download=True))) == expected
+
 
 def test_create_pr_opens_a_pull_request(
     hub_endpoint: FakeHub, checkpoint_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -517,7 +532,7 @@ def test_the_callback_pushes_on_each_best_and_at_train_end(hub_endpoint: FakeHub
 
     messages = [hub_endpoint.repos[REPO].commits[commit.oid].message for commit in callback.pushes]
     assert messages[0].startswith("New best val/bleu = ") and messages[-1] == "Model after 2 training steps"
-    assert HfApi().model_info(REPO).sha == callback.pushes[-1].oid
+    assert f'revision = "{callback.pushes[-1].oid}"' in repo_files(hub_endpoint)["README.md"].decode()
     pushed = load_file(hf_hub_download(REPO, "model.safetensors"))
     trained = module.model.state_dict()
     assert pushed and all(torch.equal(tensor, trained[name]) for name, tensor in pushed.items())

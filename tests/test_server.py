@@ -335,5 +335,21 @@ def test_the_page_translates_what_a_person_types(engine, server):
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "table.map td"))
         assert driver.find_element(By.ID, "error").text == ""
         assert "tiny (hf-transformer)" in driver.find_element(By.ID, "model").text
+
+        # An empty box listed "1. ()" under the previous sentence's attention map: now it says what to do, and the
+        # previous translations and map are gone. Empty lines are not listed.
+        box.clear()
+        box.send_keys("\n  \n")
+        driver.find_element(By.ID, "translate").click()
+        wait.until(lambda d: d.find_element(By.ID, "error").text)
+        assert driver.find_element(By.ID, "error").text == "Type a sentence to translate, one per line."
+        assert not driver.find_elements(By.CSS_SELECTOR, "#translations li, table.map")
+        assert not driver.find_element(By.ID, "attention-section").is_displayed()
+        box.send_keys("a dog\n\n")
+        driver.find_element(By.ID, "translate").click()
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "table.map td"))
+        listed = [item.text for item in driver.find_elements(By.CSS_SELECTOR, "#translations li")]
+        assert listed == [f"{expected[0]} (a dog)"]
+        assert driver.find_element(By.ID, "error").text == ""
     finally:
         driver.quit()

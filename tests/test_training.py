@@ -131,7 +131,7 @@ def test_demo_config_learns_the_synthetic_task(tmp_path, monkeypatch, capsys):
     from lightning_modules.cli.training import TranslationCLI
 
     monkeypatch.chdir(tmp_path)
-    quick = ["--trainer.limit_val_batches=2", "--data.synthetic_eval_size=64"]
+    quick = ["--data.synthetic_eval_size=64"]
     cli = TranslationCLI(args=["--config", str(DEMO), *quick], run=False)
     cli.trainer.validate(cli.model, datamodule=cli.datamodule)  # the untrained model, which `validate` refuses
     untrained = val_bleu(tmp_path)[-1]
@@ -140,7 +140,7 @@ def test_demo_config_learns_the_synthetic_task(tmp_path, monkeypatch, capsys):
     trained = val_bleu(tmp_path)[-1]
     assert untrained < 5 and trained > 25, (untrained, trained)
     printed = capsys.readouterr().out
-    assert "Total FLOPs" not in printed and "Checking validation on up to 2 batches before training" in printed
+    assert "Total FLOPs" not in printed
     assert "step 1/400 | " in printed and "step 100/400 | " in printed and "validation at step 400: loss " in printed
     summary = printed.split("Trained 400 steps in ", 1)[1]
     assert f"BLEU {trained:.1f}" in summary and summary.count("hypothesis: ") == 3
@@ -313,8 +313,8 @@ def test_config_errors_are_reported_before_any_work(run_dir, capsys, monkeypatch
         ("--model.schedule.peak_lr=-1", "model.schedule.peak_lr=-1.0 must be positive"),
         (
             '--model.schedule={"class_path": "lightning_modules.experimental.InverseSquareRootWithCooldown", '
-            '"init_args": {"cooldown_steps": 1100}}',
-            "model.schedule.cooldown_steps=1100 needs trainer.max_steps (1200) of at least",
+            '"init_args": {"cooldown_steps": 1150}}',
+            "model.schedule.cooldown_steps=1150 needs trainer.max_steps (1200) of at least",
         ),
         # Options of 0.4 that are classes now: each names the class path that replaces it.
         ("--model.warmup_steps=100", "--model.warmup_steps is gone: the schedule is an object: set "),
@@ -588,6 +588,51 @@ def test_test_command_writes_hypotheses_in_test_set_order_and_labelled_scores(ru
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in printed and "multi-bleu.perl -lc" in printed
 
 
+def test_fit_resume_and_test_warn_of_nothing_and_test_prints_its_scores_once(run_dir, capsys):
+    """A resume printed Lightning's "Checkpoint directory ... exists and is not empty" (the normal state of a resume),
+    fit and test a FutureWarning from inside Lightning, and test printed its scores three times: Lightning's table,
+    a progress line and the labelled scores. Only the labelled scores remain."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit("--trainer.max_steps=3")
+        fit("--trainer.max_steps=6", "--ckpt_path=last")
+        assert "Resuming from step 3/6" in capsys.readouterr().out
+        main(["test", "--config", str(DEMO), "--config", "tiny.yaml", "--ckpt_path=runs/demo/checkpoints/last.ckpt"])
+    messages = [str(warning.message) for warning in caught]
+    assert not [message for message in messages if "is not empty" in message or "LeafSpec" in message], messages
+    printed = capsys.readouterr().out
+    bleu_lines = [line.split()[0] for line in printed.splitlines() if "BLEU" in line]
+    assert bleu_lines == ["sacreBLEU", "sacreBLEU,", "tokenized"] and "Test metric" not in printed, printed
+
+
+def test_export_and_push_of_a_tested_checkpoint_put_its_test_scores_on_the_card(run_dir, capsys):
+    """The tour tests last.ckpt and exports it: the card said "No evaluation results were recorded". `test` keeps its
+    scores beside the checkpoint, and `export` (and `push`, by the same function) of those weights puts them on the
+    card; an average, which no test scored, and the same file trained further get none."""
+    from huggingface_hub import ModelCard
+
+    def card_scores(folder: str) -> dict[tuple[str, str], float]:
+        card = ModelCard.load(run_dir / folder / "README.md")
+        return {
+            (result.dataset_split, result.metric_type): result.metric_value for result in card.data.eval_results or []
+        }
+
+    fit("--trainer.max_steps=3")
+    main(["test", "--config", str(DEMO), "--config", "tiny.yaml", "--ckpt_path=runs/demo/checkpoints/last.ckpt"])
+    scores = json.loads(next(run_dir.glob("runs/demo/logs/version_*/test_scores.json")).read_text())
+    capsys.readouterr()
+    main(["export", "runs/demo/checkpoints/last.ckpt", "exports/demo"])
+    assert "Test scores on the model card: runs/demo/checkpoints/test_scores-step000003.json" in capsys.readouterr().out
+    expected = {("test", name): round(scores[f"test/{name}"], 2) for name in ("bleu", "chrf")}  # the card's rounding
+    assert card_scores("exports/demo") == expected
+
+    main(["export", "runs/demo/checkpoints", "exports/averaged", "--average", "1"])
+    fit("--trainer.max_steps=6", "--ckpt_path=last")
+    main(["export", "runs/demo/checkpoints/last.ckpt", "exports/later"])
+    assert "Test scores" not in capsys.readouterr().out
+    assert card_scores("exports/averaged") == card_scores("exports/later") == {}
+
+
 def test_export_then_from_pretrained_translates_like_the_checkpoint(run_dir):
     fit("--trainer.max_steps=6")
     checkpoint = load_checkpoint(run_dir / "runs/demo/checkpoints/last.ckpt")
@@ -790,7 +835,7 @@ def test_a_0_3_checkpoint_resumes_with_its_module_arguments(run_dir):
     assert resumed["global_step"] == 6
     hparams = resumed["hyper_parameters"]
     assert hparams["_class_path"].endswith("RDropTranslationModule") and hparams["alpha"] == 5.0
-    assert hparams["schedule"]["init_args"] == {"peak_lr": 0.002, "warmup_steps": 200}  # demo.yaml's
+    assert hparams["schedule"]["init_args"] == yaml.safe_load(DEMO.read_text())["model"]["schedule"]["init_args"]
 
 
 @pytest.mark.parametrize("version", ["0.3.0", "0.4.0"])
@@ -997,11 +1042,15 @@ def test_progress_prints_the_first_step_then_every_n_steps_once_per_step(capsys,
     `every_n_seconds` seconds, once per step when batches are accumulated."""
     from lightning_modules.callbacks import progress as callbacks
 
-    def printed_steps(progress: callbacks.LineProgress, steps: list[int]) -> list[str]:
+    now = [0.0]
+    monkeypatch.setattr(callbacks.time, "monotonic", lambda: now[0])
+
+    def printed_steps(progress: callbacks.LineProgress, steps: list[int], seconds_per_batch: float = 0) -> list[str]:
         trainer = SimpleNamespace(
             global_step=0, max_steps=9, callback_metrics={}, optimizers=[], is_global_zero=True, callbacks=[]
         )
         for step in steps:
+            now[0] += seconds_per_batch
             trainer.global_step = step
             progress.on_train_batch_end(trainer, None, None, None, 0)
         return [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines()]
@@ -1012,34 +1061,103 @@ def test_progress_prints_the_first_step_then_every_n_steps_once_per_step(capsys,
         "step 2/9",
         "step 4/9",
     ]
-    clock = iter(range(0, 1000, 25))  # 25 s per call of time.monotonic
-    monkeypatch.setattr(callbacks.time, "monotonic", lambda: next(clock))
-    assert printed_steps(callbacks.LineProgress(every_n_steps=100, every_n_seconds=60), list(range(1, 7))) == [
+    assert printed_steps(callbacks.LineProgress(every_n_steps=100, every_n_seconds=60), list(range(1, 7)), 25) == [
         "step 1/9",
         "step 4/9",
     ]
 
 
-def test_step_lines_show_the_time_left_until_max_steps_or_max_time(capsys, monkeypatch):
-    """At the pace so far (10 s a step here) until trainer.max_steps, or the time max_time leaves, the sooner."""
+def simulate_progress(progress: LineProgress, monkeypatch, steps: range, seconds_of_step, validation_seconds: float):
+    """Drive `progress` through a fit of `steps` on a fake clock: each step takes `seconds_of_step(step)` and carries
+    8 target tokens, a validation of `validation_seconds` follows every 10th step (val_check_interval 10). Returns
+    (line, the true time left when it was printed) for every step line."""
     from lightning_modules.callbacks import progress as callbacks
 
     now = [0.0]
     monkeypatch.setattr(callbacks.time, "monotonic", lambda: now[0])
-    progress = LineProgress(every_n_steps=1)
+    trainer = SimpleNamespace(
+        global_step=steps[0] - 1,
+        max_steps=steps[-1],
+        callback_metrics={},
+        optimizers=[],
+        is_global_zero=True,
+        callbacks=[],
+        sanity_checking=False,
+        num_val_batches=[1],
+        val_check_batch=10,
+        check_val_every_n_epoch=None,
+        accumulate_grad_batches=1,
+    )
+    module = SimpleNamespace(model=SimpleNamespace(generation_config=SimpleNamespace(num_beams=1)), parameters=list)
+    if steps[0] > 1:
+        progress.on_load_checkpoint(trainer, module, {"global_step": steps[0] - 1})
+    progress.on_fit_start(trainer, module)
+    progress.on_train_start(trainer, module)
+    printed = []
+    labels = torch.zeros(2, 4, dtype=torch.long)
+    for step in steps:
+        now[0] += seconds_of_step(step)
+        trainer.global_step = step
+        progress.on_train_batch_end(trainer, module, None, {"labels": labels}, step)
+        printed.append(now[0])
+        if step % 10 == 0:
+            progress.on_validation_start(trainer, module)
+            now[0] += validation_seconds
+            progress.on_validation_end(trainer, module)
+    return printed, now[0]
+
+
+def test_the_time_left_comes_from_a_moving_window_within_twice_the_truth(capsys, monkeypatch):
+    """The first step of a start or resume pays for the data loader and first allocations (here 20 times a later step):
+    its line shows no time left, where extrapolating it said 20 times too long. From the next line on the time left is
+    the window's pace times the steps left plus the validations still to come at the last one's length, within 2x of
+    the time the run really takes, after a resume too; the target tokens/s are the window's own, not a stale value."""
+
+    def step_lines(first_step: int, max_steps: int) -> list[tuple[str, float]]:
+        progress = LineProgress(every_n_steps=5, every_n_seconds=1e9, window_seconds=8)
+        capsys.readouterr()
+        times, end = simulate_progress(
+            progress, monkeypatch, range(first_step, max_steps + 1), lambda step: 20.0 if step == first_step else 1.0, 6
+        )
+        lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+        steps = [int(line.split()[1].split("/")[0]) for line in lines]
+        return [(line, end - times[step - first_step]) for line, step in zip(lines, steps, strict=True)]
+
+    for first_step in (1, 23):  # a start, then a resume
+        lines = step_lines(first_step, 60)
+        assert lines[0][0].startswith(f"step {first_step}/60") and " left" not in lines[0][0]
+        assert len(lines) > 5
+        for line, truth in lines[1:]:
+            minutes, seconds = line.split(" | ")[2].removesuffix(" left").split(":")
+            shown = 60 * int(minutes) + int(seconds)
+            assert truth / 2 <= shown <= 2 * truth, (line, truth)
+            assert line.endswith(" | 8 target tokens/s"), line
+
+
+def test_the_time_left_is_the_sooner_of_max_steps_and_max_time(capsys, monkeypatch):
+    """At the window's pace (10 s a step here) until trainer.max_steps, or the time max_time leaves, the sooner."""
+    from lightning_modules.callbacks import progress as callbacks
+
+    now = [0.0]
+    monkeypatch.setattr(callbacks.time, "monotonic", lambda: now[0])
     timer = Timer(duration="00:00:00:30")
     monkeypatch.setattr(timer, "time_remaining", lambda: 30.0)
-    trainer = SimpleNamespace(global_step=0, max_steps=9, callback_metrics={}, optimizers=[], is_global_zero=True)
+    shown = []
     for callbacks_, max_steps in (([], 9), ([], -1), ([timer], 9), ([timer], -1)):
-        trainer.callbacks, trainer.max_steps = callbacks_, max_steps
+        progress = LineProgress(every_n_steps=1)
+        trainer = SimpleNamespace(
+            global_step=0, max_steps=max_steps, callback_metrics={}, optimizers=[], is_global_zero=True
+        )
+        trainer.callbacks = callbacks_
         progress.on_train_start(trainer, None)
-        now[0] += 10  # one step
-        trainer.global_step = progress._start_step + 1
-        progress.on_train_batch_end(trainer, None, None, None, 0)
-        progress._printed_step = None
-    lines = capsys.readouterr().out.splitlines()
-    assert [line.split(" | ")[2] if " left" in line else None for line in lines] == [
-        "1:20 left",  # 8 steps at 10 s
+        for step in (1, 2):
+            now[0] += 10
+            trainer.global_step = step
+            progress.on_train_batch_end(trainer, None, None, None, 0)
+        last = capsys.readouterr().out.splitlines()[-1]
+        shown.append(last.split(" | ")[2] if " left" in last else None)
+    assert shown == [
+        "1:10 left",  # 7 steps at 10 s
         None,  # neither max_steps nor max_time
         "0:30 left",
         "0:30 left",
@@ -1048,6 +1166,12 @@ def test_step_lines_show_the_time_left_until_max_steps_or_max_time(capsys, monke
 
 def test_validation_says_that_its_decoding_runs_on_rank_0(capsys):
     progress = LineProgress()
+    for batches in (1, 2):
+        progress.on_sanity_check_start(SimpleNamespace(num_sanity_val_steps=batches, is_global_zero=True), None)
+    assert capsys.readouterr().out.splitlines() == [
+        "Checking validation on up to 1 batch before training (trainer.num_sanity_val_steps)",
+        "Checking validation on up to 2 batches before training (trainer.num_sanity_val_steps)",
+    ]
     module = SimpleNamespace(model=SimpleNamespace(generation_config=SimpleNamespace(num_beams=4)))
     for rank_zero in (True, False):
         trainer = SimpleNamespace(sanity_checking=False, num_val_batches=[2], global_step=3, is_global_zero=rank_zero)
@@ -1096,7 +1220,7 @@ def test_a_validation_split_too_small_for_limit_val_batches_is_one_line(run_dir,
         capsys, "fit", "--config", str(DEMO), "--config", "tiny.yaml", "--trainer.limit_val_batches=0.25"
     )
     assert message.endswith(
-        "validation split 'validation' makes 1 batch of up to 4096 tokens per device, and "
+        "validation split 'validation' makes 1 batch of up to 2048 tokens per device, and "
         "trainer.limit_val_batches=0.25 keeps 25% of them: less than one. Set "
         "trainer.limit_val_batches to 1.0 (the whole split) or to a number of batches (an int, e.g. 1)"
     )

@@ -4,7 +4,9 @@ they read whole."""
 
 import errno
 import io
+import json
 import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -222,6 +224,11 @@ def test_plots_have_tokens_on_their_axes(tiny_tokenizer, tmp_path):
     assert [label.get_text() for label in axes.get_yticklabels()] == maps.target_tokens
     grid = plot_attention_heads(maps, "encoder")
     assert len([axes for axes in grid.axes if axes.images]) == model.config.encoder_layers * 4
+    # One numbering: the titles count layers and heads from 0, as --layer and the server's `layer` do ("layer 2" of
+    # a two-layer model was the title of --layer 1).
+    assert axes.get_title() == "cross attention, layer 1 of 0-1, mean of heads"
+    assert plot_attention(maps, "encoder", layer=0).axes[0].get_title().startswith("encoder attention, layer 0 of")
+    assert grid.axes[0].get_title() == "layer 0, head 0" and grid.axes[-1].get_title() == "layer 1, head 3"
     figure.savefig(tmp_path / "map.png")
     assert (tmp_path / "map.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -820,6 +827,64 @@ def test_help_lists_the_commands_of_a_trained_model(capsys):
     usage = capsys.readouterr().out
     assert all(f"\n  {command} " in usage for command in ("translate", "attention", "serve"))
     assert "predict" not in usage
+
+
+HEAVY_MODULES = ("torch", "transformers", "lightning", "datasets", "huggingface_hub")
+
+
+@pytest.mark.parametrize(
+    "command", ["hf-transformer", "fit", "validate", "test", "export", "push", "translate", "attention", "serve"]
+)
+def test_every_help_answers_without_loading_torch_lightning_or_transformers(command):
+    """Every command paid 6-8 s of CPU for its imports before printing its help; none of those modules loads now (a
+    fresh interpreter, so that nothing this test session imported counts)."""
+    argv = ["--help"] if command == "hf-transformer" else [command, "--help"]
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from lightning_modules.cli import main\n"
+        "output = io.StringIO()\n"
+        "with contextlib.redirect_stdout(output), contextlib.suppress(SystemExit):\n"
+        f"    main({argv!r})\n"
+        f"print(json.dumps([output.getvalue(), [name for name in {HEAVY_MODULES!r} if name in sys.modules]]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    usage, loaded = json.loads(result.stdout)
+    assert loaded == [] and "usage: hf-transformer" in usage, (loaded, result.stderr[-2000:])
+
+
+def test_the_kept_help_of_the_trainer_commands_is_what_their_parser_prints():
+    """`fit/validate/test --help` print text kept beside the parser; it must be the parser's (after a change to the
+    options, `python -m lightning_modules.cli.help` writes it again). Compared word by word: the kept text names the
+    package's folder by a placeholder, and a longer path wraps its lines elsewhere."""
+    from lightning_modules.cli.help import kept_help, parser_help
+
+    for command in ("fit", "validate", "test"):
+        kept = kept_help(command)
+        assert kept is not None, f"lightning_modules/cli/help/{command}.txt is missing"
+        assert kept.split() == parser_help(command).split(), (
+            f"the kept `{command} --help` differs from its parser's: run `python -m lightning_modules.cli.help`"
+        )
+
+
+def test_importing_the_package_loads_nothing_heavy_and_its_model_registers_on_first_use():
+    """`import hf_transformer` (which every command imports for its errors) loads neither torch nor transformers; the
+    first use of the model registers it with the Auto classes, and of `TranslationPipeline` the pipeline."""
+    code = """
+import sys
+import hf_transformer
+assert "torch" not in sys.modules and "transformers" not in sys.modules, "import hf_transformer loaded torch"
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
+from transformers.pipelines import PIPELINE_REGISTRY
+config = hf_transformer.TransformerConfig(vocab_size=16, d_model=8, encoder_layers=1, decoder_layers=1,
+    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=8, decoder_ffn_dim=8)
+assert type(AutoConfig.for_model("vaswani_transformer")) is hf_transformer.TransformerConfig
+assert type(AutoModelForSeq2SeqLM.from_config(config)) is hf_transformer.TransformerForConditionalGeneration
+assert "translation" not in PIPELINE_REGISTRY.get_supported_tasks()
+hf_transformer.TranslationPipeline
+assert "translation" in PIPELINE_REGISTRY.get_supported_tasks()
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 # --- the attention map of every validation -----------------------------------------------------------------------

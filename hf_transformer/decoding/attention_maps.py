@@ -203,12 +203,11 @@ def plot_attention(maps: AttentionMaps, kind: Kind = "cross", layer: int = -1) -
     figure_type = figure_class()
     rows, columns = maps.axes(kind)
     weights = maps.weights(kind)
-    layer_number = range(weights.shape[0])[layer] + 1
+    layers = weights.shape[0]
+    title = f"{kind} attention, layer {range(layers)[layer]} of 0-{layers - 1}, mean of heads"  # as --layer counts
     figure = figure_type(figsize=(2 + 0.3 * len(columns), 1.5 + 0.3 * len(rows)), layout="constrained")
     axes = figure.add_subplot()
-    _draw(
-        axes, weights[layer].mean(dim=0), rows, columns, f"{kind} attention, layer {layer_number}, mean of heads", True
-    )
+    _draw(axes, weights[layer].mean(dim=0), rows, columns, title, True)
     figure.colorbar(axes.images[0], ax=axes, shrink=0.8)
     return figure
 
@@ -226,7 +225,7 @@ def plot_attention_heads(maps: AttentionMaps, kind: Kind = "cross") -> Figure:
     for layer in range(layers):
         for head in range(heads):
             axes = grid[layer][head]
-            _draw(axes, weights[layer, head], rows, columns, f"layer {layer + 1}, head {head + 1}", False)
+            _draw(axes, weights[layer, head], rows, columns, f"layer {layer}, head {head}", False)  # from 0, as --layer
             if head == 0:
                 axes.set_yticks(range(len(rows)), rows, fontsize=6)
             if layer == layers - 1:

@@ -15,16 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from transformers import PreTrainedTokenizerFast
-
 from ..errors import ConfigError
-from ..hub.model_card import FormatCard, rewrite_model_card
-from ..model import TransformerConfig, TransformerForConditionalGeneration
-from .folder import HF_TRANSFORMER_CARD, check_model_folder, make_shareable
-from .marian import MARIAN_CARD
 
+# Imported where used: `hf-transformer export --help` and `push --help` read the registry (its formats, their options
+# and which carry a card) without loading torch, transformers or huggingface_hub.
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
     from ..decoding.engine import TranslationEngine
+    from ..hub.model_card import FormatCard
+    from ..model import TransformerForConditionalGeneration
 
 
 def positive_int(text: str) -> int:
@@ -54,19 +54,22 @@ class ExportOption:
 class ExportFormat:
     """One export format. `writer` writes `(model, tokenizer, folder, **options)`: a callable, or "module:function" of
     a module of this package, imported only when used (CTranslate2 and ONNX are extras). `options` are the options it
-    takes; `card` what its model card says (None: the format carries no card, and `push` does not take it).
+    takes; `card` what its model card says, a `FormatCard` or "module:ATTRIBUTE" of this package naming one, imported
+    when a card is written (None: the format carries no card, and `push` does not take it).
 
     A folder of the format is recognised by its `files` (and, where several formats write a config.json, by its
-    `model_type`); `runtime` ("module:attribute", absolute) loads one to translate, `(name_or_path, device) ->
-    TranslationEngine`; a format without one says where it runs instead (`runs_elsewhere`)."""
+    `model_type`, or a function that returns it, called when a folder is checked); `runtime` ("module:attribute",
+    absolute) loads one to translate, `(name_or_path, device) -> TranslationEngine`; a format without one says where it
+    runs instead (`runs_elsewhere`). What is named by text is imported only when used, so that the registry itself
+    loads nothing heavy."""
 
     name: str
     summary: str
     writer: str | Callable[..., Any]
     options: tuple[ExportOption, ...] = ()
-    card: FormatCard | None = None
+    card: "FormatCard | str | None" = None
     files: tuple[str, ...] = ()
-    model_type: str | None = None
+    model_type: str | Callable[[], str] | None = None
     runtime: str | None = None
     runs_elsewhere: str = ""
 
@@ -75,18 +78,20 @@ class ExportFormat:
         """Whether the format is a model folder that the Hub shows with a model card, which `push` uploads."""
         return self.card is not None
 
+    def format_card(self) -> "FormatCard | None":
+        """What the model card of a folder of this format says of it (its `card`, imported where named by text)."""
+        return None if self.card is None else _resolve(self.card, __name__)
+
     def write(
         self,
-        model: TransformerForConditionalGeneration,
-        tokenizer: PreTrainedTokenizerFast,
+        model: "TransformerForConditionalGeneration",
+        tokenizer: "PreTrainedTokenizerFast",
         folder: Path,
         **options: Any,
     ) -> Path:
-        writer = self.writer
-        if isinstance(writer, str):
-            module, function = writer.split(":")
-            writer = getattr(importlib.import_module(f".{module}", __name__), function)
-        writer(model, tokenizer, folder, **options)
+        from .folder import make_shareable
+
+        _resolve(self.writer, __name__)(model, tokenizer, folder, **options)
         make_shareable(folder)
         return folder
 
@@ -95,17 +100,34 @@ class ExportFormat:
         the format's where it names one."""
         if not self.files or not all((folder / name).is_file() for name in self.files):
             return False
-        return self.model_type is None or _model_type(folder) == self.model_type
+        if self.model_type is None:
+            return True
+        return _model_type(folder) == (self.model_type() if callable(self.model_type) else self.model_type)
 
     def load(self, name_or_path: str | Path, device: str = "cpu") -> "TranslationEngine":
         """The engine that translates with the folder (or Hub repository) `name_or_path` of this format."""
         if self.runtime is None:
             raise ValueError(f"the {self.name} format has no runtime in hf-transformer: {self.runs_elsewhere}")
-        module, attribute = self.runtime.split(":")
-        load: Any = importlib.import_module(module)
-        for name in attribute.split("."):
-            load = getattr(load, name)
-        return load(name_or_path, device=device)
+        return _resolve(self.runtime)(name_or_path, device=device)
+
+
+def _resolve(reference: Any, package: str | None = None) -> Any:
+    """`reference` itself, or the attribute that the text "module:attribute" names (dotted: an attribute of an
+    attribute), its module imported now: a module of `package` where one is given, else an absolute name."""
+    if not isinstance(reference, str):
+        return reference
+    module, attribute = reference.split(":")
+    value: Any = importlib.import_module(f".{module}" if package else module, package)
+    for name in attribute.split("."):
+        value = getattr(value, name)
+    return value
+
+
+def _our_model_type() -> str:
+    """The model type in the config.json of an "hf-transformer" folder (importing the model loads torch)."""
+    from ..model import TransformerConfig
+
+    return TransformerConfig.model_type
 
 
 FORMATS: dict[str, ExportFormat] = {
@@ -115,16 +137,16 @@ FORMATS: dict[str, ExportFormat] = {
             "hf-transformer",
             "this model with its code (loads with trust_remote_code=True)",
             "folder:save_model",
-            card=HF_TRANSFORMER_CARD,
+            card="folder:HF_TRANSFORMER_CARD",
             files=("config.json", "model.safetensors"),
-            model_type=TransformerConfig.model_type,
+            model_type=_our_model_type,
             runtime="hf_transformer.decoding.engine:TranslationEngine.from_model",
         ),
         ExportFormat(
             "marian",
             "the same model as a stock MarianMTModel, which loads without remote code (post-LN models only)",
             "marian:save_marian",
-            card=MARIAN_CARD,
+            card="marian:MARIAN_CARD",
             files=("config.json",),
             model_type="marian",
             runs_elsewhere="it loads with transformers' MarianMTModel",
@@ -209,8 +231,8 @@ def _checked_format(format: str, options: dict[str, Any]) -> ExportFormat:
 
 
 def export_model(
-    model: TransformerForConditionalGeneration,
-    tokenizer: PreTrainedTokenizerFast,
+    model: "TransformerForConditionalGeneration",
+    tokenizer: "PreTrainedTokenizerFast",
     folder: str | Path,
     format: str = DEFAULT_FORMAT,
     **options: Any,
@@ -234,6 +256,12 @@ def export_folder(
     """Convert the folder `source`, written by `export`, into `format` in `folder`; its model card, if it has one, is
     rendered again for that format (for `repo_id`, the repository its usage snippet loads, with `results` added and
     `wandb_url` set)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from ..hub.model_card import rewrite_model_card
+    from ..model import TransformerForConditionalGeneration
+    from .folder import check_model_folder
+
     chosen = _checked_format(format, options)  # before the model is loaded
     check_model_folder(source)
     model = TransformerForConditionalGeneration.from_pretrained(source)

@@ -117,11 +117,13 @@ def rewrite_model_card(
     repo_id: str | None = None,
     results: dict[str, float] | None = None,
     wandb_url: str | None = None,
+    revision: str | None = None,
 ) -> bool:
     """Render the card of the export in `source` again into `folder` (which may be `source`), for `repo_id` and
     `format`, from the facts `write_model_card` saved, with `results` (logged metric name -> value, e.g.
-    `test_scores.json` of `hf-transformer test`) added and `wandb_url` set where given. Returns False (and writes
-    nothing) when `source` has no facts; raises ValueError then if there were results or a W&B link to add."""
+    `test_scores.json` of `hf-transformer test`) added and `wandb_url` set where given; `revision`, a commit of
+    `repo_id`, is pinned in the usage snippet. Returns False (and writes nothing) when `source` has no facts; raises
+    ValueError then if there were results or a W&B link to add."""
     path = Path(source) / CARD_FACTS
     if not path.is_file():
         if results or wandb_url:
@@ -137,18 +139,18 @@ def rewrite_model_card(
     if results or wandb_url or not target.exists():
         target.unlink(missing_ok=True)  # a staged copy may hard-link it: never write through the link
         target.write_text(json.dumps(facts, indent=2) + "\n", encoding="utf-8")
-    _render(Path(folder), facts, format, repo_id)
+    _render(Path(folder), facts, format, repo_id, revision)
     return True
 
 
-def _render(folder: Path, facts: dict[str, Any], format: str, repo_id: str | None) -> Path:
+def _render(folder: Path, facts: dict[str, Any], format: str, repo_id: str | None, revision: str | None = None) -> Path:
     # The registry of export formats says what each format's card holds; it imports this module, so it is imported
     # here.
     from ..export import FORMATS, card_formats
 
     if format not in card_formats():
         raise ValueError(f"Unknown model format {format!r}: the card knows {', '.join(card_formats())}.")
-    format_card = FORMATS[format].card
+    format_card = FORMATS[format].format_card()
     language_pair = facts["language_pair"]
     run = _RunFacts(facts["checkpoint"], facts["dataset"], tuple(language_pair) if language_pair else None)
     results = facts["results"]
@@ -158,7 +160,7 @@ def _render(folder: Path, facts: dict[str, Any], format: str, repo_id: str | Non
     example = facts["example"] or _EXAMPLES.get(run.source_lang, _EXAMPLES["en"])
     snippets = {
         part: jinja2.Template(getattr(format_card, part)).render(
-            model_id=model_id, example=example, requirement=requirement
+            model_id=model_id, revision=revision, example=example, requirement=requirement
         )
         for part in ("usage", "about", "requirement_note", "after_usage")
     }
@@ -207,13 +209,14 @@ def signatures(stage: str) -> dict[str, str]:
 @dataclass(frozen=True)
 class FormatCard:
     """What the model card says of an export format that carries one (`ExportFormat.card`): its Hub tags and its
-    paragraphs, each a Jinja snippet rendered with the card's values (`model_id`, `example`, `requirement`)."""
+    paragraphs, each a Jinja snippet rendered with the card's values (`model_id`, `revision`: the commit a push pinned
+    or None, `example`, `requirement`)."""
 
     tags: tuple[str, ...]  # the Hub tags of a folder of this format, beside the card's own
     usage: str  # the Python code of the Usage section
     about: str = ""  # a paragraph after the introduction: what a folder of this format holds
     requirement_note: str = ""  # words after "Needs torch and transformers..." (without a full stop)
-    after_usage: str = ""  # a paragraph after the code
+    after_usage: str = ""  # paragraphs after the code
 
 
 # --- what the checkpoint says about the run -------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """Share a model folder on the Hugging Face Hub: `push_folder` uploads a folder written by `hf-transformer export` (or
-`save_pretrained`) as one commit, with errors that say what went wrong and how to fix it, never containing the token."""
+`save_pretrained`) as one commit (and its model card's pinned revision as a second), with errors that say what went
+wrong and how to fix it, never containing the token."""
 
 from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from pathlib import Path
 
 from huggingface_hub import CommitInfo, HfApi, get_token
@@ -33,7 +35,8 @@ def push_folder(
     create_pr: bool = False,
     token: str | None = None,
 ) -> CommitInfo:
-    """Upload an exported model folder to `repo_id` as one commit and return its `CommitInfo`.
+    """Upload an exported model folder to `repo_id` as one commit and return its `CommitInfo`; where the folder's
+    model card loads the model's own code, a second commit pins the first in the card's usage snippet.
 
     `CommitInfo` is a `str` (the commit URL) with `.oid` (the commit sha) and `.pr_url`. The repo is created if
     needed (`private` only applies then). `revision` names a branch, created from `main` if missing, or an open
@@ -55,6 +58,7 @@ def push_folder(
         commit = api.upload_folder(
             folder_path=folder, repo_id=repo_id, revision=revision, commit_message=message, create_pr=create_pr
         )
+        _pin_card_snippet(api, folder, repo_id, commit, revision)
     except HfHubHTTPError as err:
         raise HubError(_explain_http_error(err, api, repo_id)) from err
     except OfflineModeIsEnabled as err:
@@ -67,6 +71,28 @@ def push_folder(
         ) from err
     logger.info("Pushed %s as %s", folder, commit.pr_url or commit)
     return commit
+
+
+def _pin_card_snippet(api: HfApi, folder: Path, repo_id: str, commit: CommitInfo, branch: str | None) -> None:
+    """Pin the commit just made in the usage snippet of the folder's model card, by a second commit that changes the
+    card alone, where the card loads the model's own code (trust_remote_code): transformers warns of every code file
+    it downloads without a pinned revision ("make sure to double-check they do not contain any added malicious
+    code"), six of them, and a pinned commit runs the code that was pushed with these weights whatever is pushed
+    later. A folder without the card's facts (`save_pretrained`) or holding a stock Marian model is left as it is."""
+    from ..hub.model_card import CARD_FACTS, CARD_NAME, rewrite_model_card
+
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if not (folder / CARD_FACTS).is_file() or "auto_map" not in config:
+        return
+    with tempfile.TemporaryDirectory(prefix="hf-transformer-card-") as card_folder:
+        rewrite_model_card(folder, card_folder, format="hf-transformer", repo_id=repo_id, revision=commit.oid)
+        api.upload_file(
+            path_or_fileobj=Path(card_folder) / CARD_NAME,
+            path_in_repo=CARD_NAME,
+            repo_id=repo_id,
+            revision=commit.pr_revision or branch,
+            commit_message=f"Model card: pin the code revision {commit.oid[:12]} in the usage snippet",
+        )
 
 
 def check_repo_id(repo_id: str) -> None:

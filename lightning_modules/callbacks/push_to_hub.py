@@ -30,10 +30,11 @@ class PushToHubCallback(pl.Callback):
 
     Each push exports the current weights with the model card (validation/test scores, W&B link, compute) into
     `export_dir` (default `<log dir>/hub_export`), replaced as a whole so an interrupted export never looks complete,
-    then uploads it as one commit. A failed push is logged with how to retry (`hf-transformer push <export_dir>
-    <repo_id>`); training goes on. Needs `TranslationModule` with `TranslationDataModule` (the tokenizer travels in
-    the checkpoint). The token comes from HF_TOKEN or `hf auth login` when pushing and is never stored: it is no
-    argument of this callback, so it is in no config, checkpoint or card.
+    then uploads it (`hub.push.push_folder`: a commit, and one pinning it in the card). A failed push is logged with
+    how to retry (`hf-transformer push <export_dir> <repo_id>`); training goes on. Needs `TranslationModule` with
+    `TranslationDataModule` (the tokenizer travels in the checkpoint). The token comes from HF_TOKEN or `hf auth
+    login` when pushing and is never stored: it is no argument of this callback, so it is in no config, checkpoint or
+    card.
     """
 
     def __init__(

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,11 @@ class ResumableCheckpoint(ModelCheckpoint):
         self.run_id: str | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
+        with warnings.catch_warnings():
+            # Lightning warns of a checkpoint folder that is not empty: the normal state of a resume, and a fresh run
+            # into a folder with checkpoints is refused with a message of its own (`check_last_checkpoint`).
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+            super().setup(trainer, pl_module, stage)
         if stage != "fit" or not self.dirpath:
             return
         holder = self._take_lock() if trainer.is_global_zero else None

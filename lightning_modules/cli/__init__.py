@@ -5,10 +5,11 @@ hf-transformer test --config configs/demo.yaml --ckpt_path runs/demo/checkpoints
 hf-transformer export runs/demo/checkpoints/last.ckpt exports/demo [--average 5]
 hf-transformer translate exports/demo input.txt -o output.txt
 
-Lightning, torch and transformers are imported only by the command that needs them, so that `hf-transformer --help`
-answers at once.
+Lightning, torch and transformers are imported only by the command that needs them, so that every `--help` answers
+at once (that of fit, validate and test is kept as text, `help.py`).
 """
 
+import gc
 import importlib
 import os
 import sys
@@ -53,15 +54,31 @@ def run(argv: list[str]) -> None:
         print(USAGE)
         return
     command, *rest = argv
+    if command in TRAINER_COMMANDS and rest in (["--help"], ["-h"]):
+        from .help import kept_help  # Lightning's parser takes seconds to build; its text is kept
+
+        text = kept_help(command)
+        if text is not None:
+            print(text, end="")
+            raise SystemExit(0)  # as the parser's --help does
     if command in COMMANDS:
         importlib.import_module(COMMANDS[command], __name__).main(rest)
     elif command in TRAINER_COMMANDS or command.startswith("-"):
         from ..loggers import wandb_runs_end_with_the_command
         from .training import TranslationCLI
 
-        with wandb_runs_end_with_the_command():
-            # LightningCLI reads sys.argv itself when given None: it warns when both are set.
-            TranslationCLI(args=None if argv == sys.argv[1:] else argv)
+        from_the_command_line = argv == sys.argv[1:]
+        program_arguments = sys.argv
+        try:
+            # LightningCLI reads sys.argv itself when given None, and warns when given words while sys.argv holds
+            # others: those of a notebook's kernel or of pytest, which are not this command's. (The command line less
+            # --traceback stays in sys.argv: DDP's launcher starts the other processes with it.)
+            if not from_the_command_line and argv != [word for word in sys.argv[1:] if word != "--traceback"]:
+                sys.argv = sys.argv[:1]
+            with wandb_runs_end_with_the_command():
+                TranslationCLI(args=None if from_the_command_line else argv)
+        finally:
+            sys.argv = program_arguments
     else:
         from hf_transformer.errors import UserError
 
@@ -80,6 +97,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(words)
         sys.stdout.flush()  # here, where a closed pipe can still be handled, not at exit
+        if argv is None:  # the process's own command, which ends here (not a call from a notebook or a test)
+            # Python's exit collects the objects of torch, transformers and Lightning module by module, over and
+            # over: a second or more of CPU for a short command. Nothing the command leaves needs collecting.
+            gc.freeze()
     except BrokenPipeError:
         # The reader of standard output is gone (`| head`): stop quietly, as a Unix filter does. Python's signal docs:
         # point standard output at devnull so that the flush at exit does not fail again.

@@ -3,13 +3,6 @@
 import argparse
 from pathlib import Path
 
-from hf_transformer.decoding.attention_maps import (
-    alignment,
-    figure_class,
-    format_alignment,
-    plot_attention,
-    plot_attention_heads,
-)
 from hf_transformer.errors import UserError
 
 from .models import add_model_arguments, load_engines
@@ -18,6 +11,9 @@ from .models import add_model_arguments, load_engines
 def main(argv: list[str]) -> None:
     """`hf-transformer attention MODEL SENTENCE [-o map.png] [...]`."""
     args = _parser().parse_args(argv)
+    # Imported once --help has answered: they load torch.
+    from hf_transformer.decoding.attention_maps import alignment, format_alignment, plot_attention, plot_attention_heads
+
     output = Path(args.output)
     _check_image_type(output)
     engine = load_engines([args.model], args.average, args.device)
@@ -42,6 +38,8 @@ def main(argv: list[str]) -> None:
 
 def _check_image_type(output: Path) -> None:
     """Refuse, before the model loads, an image type that matplotlib has no writer for (it says so only when saving)."""
+    from hf_transformer.decoding.attention_maps import figure_class
+
     types = figure_class()().canvas.get_supported_filetypes()
     if output.suffix and output.suffix[1:].lower() not in types:
         raise UserError(

@@ -8,10 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from hf_transformer.errors import UserError
-from hf_transformer.export import DEFAULT_FORMAT, FORMATS, ExportOption, card_formats, export_folder
-from hf_transformer.export.folder import written_whole
+from hf_transformer.export import DEFAULT_FORMAT, FORMATS, ExportOption, card_formats
 
-from ..export import checkpoint_to_export, export_checkpoint, read_results
 from .models import positive_int
 
 
@@ -19,6 +17,12 @@ def main(argv: list[str]) -> None:
     """`hf-transformer export SOURCE FOLDER [...]`."""
     parser = _parser()
     args = parser.parse_args(argv)
+    # Imported once --help has answered: they load torch and Lightning.
+    from hf_transformer.export import export_folder
+    from hf_transformer.export.folder import written_whole
+
+    from ..export import checkpoint_to_export, export_checkpoint, kept_test_scores, read_results
+
     format = FORMATS[args.format]
     takes = _names(format.options)
     for name in sorted(set().union(*(_names(other.options) for other in FORMATS.values())) - takes):
@@ -42,6 +46,10 @@ def main(argv: list[str]) -> None:
                 export_folder(source, folder, format.name, **card, **options)
             else:
                 checkpoint = checkpoint_to_export(source, args.average)
+                kept = None if args.results or not format.has_card else kept_test_scores(source, checkpoint)
+                if kept is not None:  # what `hf-transformer test` gave these weights
+                    card["results"] = kept[0]
+                    print(f"Test scores on the model card: {kept[1]}")
                 export_checkpoint(checkpoint, folder, format.name, **card, **options)
     except (ImportError, ValueError) as err:  # an extra missing, a pre-LN model, an unknown quantization, a length
         if isinstance(err, UserError):
@@ -74,7 +82,8 @@ def _parser() -> argparse.ArgumentParser:
         "--results",
         metavar="JSON",
         help=f"scores for the model card's model-index ({', '.join(card_formats())}): the test_scores.json that "
-        "`hf-transformer test` writes",
+        "`hf-transformer test` writes (default: for one checkpoint, the scores `hf-transformer test` gave it, kept "
+        "beside it)",
     )
     added: set[str] = set()
     for format in FORMATS.values():  # each format's options, as it declares them

@@ -1,16 +1,17 @@
 """The MODEL argument of `translate`, `attention` and `serve`: an exported folder, a Hub id, a training checkpoint
 (or a folder of them, averaged), or a CTranslate2 folder; `translate` and `serve` take several, as an ensemble."""
 
+from __future__ import annotations
+
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from transformers.utils import logging as transformers_logging
-
-from hf_transformer.decoding.engine import TranslationEngine
-from hf_transformer.decoding.ensemble import AVERAGES
 from hf_transformer.errors import UserError
+
+if TYPE_CHECKING:  # torch and the model are imported where used, so that `--help` answers at once
+    from hf_transformer.decoding.engine import TranslationEngine
 
 MODEL_HELP = (
     "a folder written by `hf-transformer export` (--format hf-transformer or ctranslate2), a Hub id, a .ckpt file of "
@@ -34,10 +35,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, ensembles: str | None =
     if ensembles:
         parser.add_argument(
             "--ensemble-average",
-            choices=AVERAGES,
-            default=AVERAGES[0],
-            help="how an ensemble combines its models' next-token distributions at each step: the mean of their "
-            "probabilities (default, fairseq's) or of their log-probabilities (OpenNMT-py's)",
+            type=ensemble_average,
+            metavar="AVERAGE",
+            help="how an ensemble combines its models' next-token distributions at each step: probabilities, the mean "
+            "of their probabilities (default, fairseq's), or log-probabilities, of their log-probabilities "
+            "(OpenNMT-py's)",
         )
 
 
@@ -57,8 +59,20 @@ def positive_int(text: str) -> int:
     return number
 
 
+def ensemble_average(text: str) -> str:
+    """An argparse type: a rule by which an ensemble averages (`hf_transformer.decoding.ensemble.AVERAGES`), checked
+    once given (the rules' module imports torch, which `--help` does not load)."""
+    from hf_transformer.decoding.ensemble import AVERAGES
+
+    if text not in AVERAGES:
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(AVERAGES)})")
+    return text
+
+
 def torch_device(text: str) -> str:
     """An argparse type: a device that torch has on this machine (moving the model to another one is a traceback)."""
+    import torch
+
     try:
         parsed = torch.device(text)
     except RuntimeError:
@@ -83,6 +97,10 @@ def torch_device(text: str) -> str:
 
 def load_engine(source: str, average: int | None = None, device: str = "cpu") -> TranslationEngine:
     """The model that `source` names, ready on `device`."""
+    from transformers.utils import logging as transformers_logging
+
+    from hf_transformer.decoding.engine import TranslationEngine
+
     transformers_logging.disable_progress_bar()  # a bar for loading weights that takes milliseconds
     path = Path(source)
     if not (average or path.is_file()):
@@ -101,9 +119,13 @@ def load_engine(source: str, average: int | None = None, device: str = "cpu") ->
 
 
 def load_engines(
-    sources: list[str], average: int | None = None, device: str = "cpu", ensemble_average: str = AVERAGES[0]
+    sources: list[str], average: int | None = None, device: str = "cpu", ensemble_average: str | None = None
 ) -> TranslationEngine:
     """The model that `sources` name (`load_engine`), or with several their ensemble (`TranslationEngine.ensemble`,
-    which refuses models of other tokenizers)."""
+    which refuses models of other tokenizers), averaged by `ensemble_average` (None: the ensemble's default)."""
+    from hf_transformer.decoding.engine import TranslationEngine
+
     engines = [load_engine(source, average, device) for source in sources]
-    return engines[0] if len(engines) == 1 else TranslationEngine.ensemble(engines, ensemble_average)
+    if len(engines) == 1:
+        return engines[0]
+    return TranslationEngine.ensemble(engines, *([ensemble_average] if ensemble_average else []))

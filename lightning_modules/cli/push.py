@@ -8,18 +8,15 @@ import pickle
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
-
-from huggingface_hub import CommitInfo
+from typing import TYPE_CHECKING, Any
 
 from hf_transformer.errors import HubError
-from hf_transformer.export import DEFAULT_FORMAT, FORMATS, card_formats, export_folder, folder_format
-from hf_transformer.export.folder import link_or_copy
-from hf_transformer.hub.model_card import CARD_NAME, rewrite_model_card
-from hf_transformer.hub.push import check_export_folder, check_repo_id, find_token, push_folder
+from hf_transformer.export import DEFAULT_FORMAT, FORMATS, card_formats, folder_format
 
-from ..export import checkpoint_to_export, export_checkpoint, read_results
 from .models import positive_int
+
+if TYPE_CHECKING:  # the rest is imported where used, so that `--help` answers at once
+    from huggingface_hub import CommitInfo
 
 
 def push_source(
@@ -44,6 +41,10 @@ def push_source(
     format is pushed as it is). `results` (logged metric name -> value, e.g. `test_scores.json` of
     `hf-transformer test`) and `wandb_url` go into the model card. Every failure is a `HubError`.
     """
+    from hf_transformer.hub.push import check_repo_id, find_token, push_folder
+
+    from ..export import export_checkpoint, kept_test_scores
+
     source = Path(source)
     check_repo_id(repo_id)
     token = find_token()  # before exporting, which takes a while for a big model
@@ -62,7 +63,12 @@ def push_source(
             if exported_folder:
                 _stage_export_folder(source, staged, format, **card_info)
             else:
-                export_checkpoint(_read_checkpoint(source, average), staged, format, **card_info)
+                checkpoint = _read_checkpoint(source, average)
+                kept = None if results else kept_test_scores(source, checkpoint)
+                if kept is not None:  # what `hf-transformer test` gave these weights
+                    card_info["results"] = kept[0]
+                    print(f"Test scores on the model card: {kept[1]}")
+                export_checkpoint(checkpoint, staged, format, **card_info)
         except ValueError as err:  # a model Marian cannot express, a folder without the facts of its card
             raise HubError(f"Cannot push {source} as {format}: {err}") from err
         try:
@@ -83,6 +89,8 @@ def push_source(
 def main(argv: list[str]) -> None:
     """`hf-transformer push SOURCE REPO_ID [...]`."""
     args = _push_parser().parse_args(argv)
+    from ..export import read_results  # once --help has answered: it loads torch and Lightning
+
     results = read_results(args.results) if args.results else None
     commit = push_source(
         args.source,
@@ -121,7 +129,8 @@ def _push_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--results",
         metavar="JSON",
-        help="scores for the model card's model-index: the test_scores.json that `hf-transformer test` writes",
+        help="scores for the model card's model-index: the test_scores.json that `hf-transformer test` writes "
+        "(default: for one checkpoint, the scores `hf-transformer test` gave it, kept beside it)",
     )
     parser.add_argument("--wandb-url", help="link of the training run's W&B page, for the model card")
     parser.add_argument(
@@ -134,6 +143,8 @@ def _push_parser() -> argparse.ArgumentParser:
 
 
 def _read_checkpoint(path: Path, average: int | None) -> dict[str, Any]:
+    from ..export import checkpoint_to_export
+
     try:
         return checkpoint_to_export(path, average)
     except (OSError, ValueError, RuntimeError, pickle.UnpicklingError) as err:
@@ -143,6 +154,10 @@ def _read_checkpoint(path: Path, average: int | None) -> dict[str, Any]:
 def _stage_export_folder(source: Path, staged: Path, format: str, **card_info: Any) -> None:
     """The folder to push for an exported `source`: a view of it, or its Marian conversion, with the card (if it has
     one) rendered for `card_info` (`repo_id`, `results`, `wandb_url`)."""
+    from hf_transformer.export import export_folder
+    from hf_transformer.hub.model_card import rewrite_model_card
+    from hf_transformer.hub.push import check_export_folder
+
     check_export_folder(source, tokenizer=True)
     source_format = (folder_format(source) or FORMATS[DEFAULT_FORMAT]).name
     if format != source_format and source_format == DEFAULT_FORMAT:  # converted from this package's model
@@ -157,6 +172,8 @@ def _stage_export_folder(source: Path, staged: Path, format: str, **card_info: A
 def _stage_folder(folder: Path, staged: Path) -> None:
     """A copy of `folder` to push: files hard-linked where possible (weights can be large), the card copied so that
     pointing it at the repo never edits the original."""
+    from hf_transformer.export.folder import link_or_copy
+    from hf_transformer.hub.model_card import CARD_NAME
 
     def link_or_copy_card(src: str, dst: str) -> str:
         return shutil.copy2(src, dst) if Path(src).name == CARD_NAME else link_or_copy(src, dst)

@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -25,6 +26,7 @@ from ..callbacks import LineProgress, ResumableCheckpoint
 from ..callbacks.resume import InterruptibleTrainer
 from ..checkpoint import read_checkpoint
 from ..data import TranslationDataModule
+from ..export import keep_test_scores
 from ..module import TranslationModule, model_config
 from ..schedules import PAPER_SCHEDULE, Schedule
 from ..upgrade import check_resumable, class_path, upgraded_module_arguments
@@ -43,12 +45,17 @@ def _is_not_an_advertisement(record: logging.LogRecord) -> bool:
 
 
 def _quiet_output() -> None:
-    """Output that reads well in a log file: no cloud tips, no progress bars redrawn in place by `datasets`."""
+    """Output that reads well in a log file: no cloud tips, no progress bars redrawn in place by `datasets`, no
+    warning about Lightning's own code that a user can do nothing about."""
     rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if _is_not_an_advertisement not in rank_zero_logger.filters:
         rank_zero_logger.addFilter(_is_not_an_advertisement)
     if not sys.stderr.isatty():
         datasets.disable_progress_bars()
+    # Lightning 2.6 builds torch's LeafSpec, which torch deprecates (2.13 here: a FutureWarning at every fit and
+    # test): Lightning's to change.
+    leaf_spec = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+    warnings.filterwarnings("ignore", message=leaf_spec, category=FutureWarning)
 
 
 class TranslationArgumentParser(LightningArgumentParser):
@@ -172,13 +179,20 @@ def schedule_of(section: Namespace | Schedule) -> Schedule:
 
 # What every run starts from (checkpoints, logging, progress); a config file states only what differs.
 DEFAULTS = str(Path(__file__).with_name("defaults.yaml"))
+# ... and validate and test besides: their scores printed once, not also as Lightning's table.
+EVALUATION_DEFAULTS = str(Path(__file__).with_name("evaluation.yaml"))
 
 
 def _defaults_for(run: bool) -> dict[str, Any]:
     """Where the parser reads DEFAULTS: in each subcommand's parser, or, without a subcommand (run=False, as in tests
     and notebooks), in the one parser there is."""
-    defaults = {"default_config_files": [DEFAULTS]}
-    return {command: defaults for command in ("fit", "validate", "test")} if run else defaults
+    if not run:
+        return {"default_config_files": [DEFAULTS]}
+    return {
+        "fit": {"default_config_files": [DEFAULTS]},
+        "validate": {"default_config_files": [DEFAULTS, EVALUATION_DEFAULTS]},
+        "test": {"default_config_files": [DEFAULTS, EVALUATION_DEFAULTS]},
+    }
 
 
 class TranslationCLI(LightningCLI):
@@ -338,6 +352,10 @@ class TranslationCLI(LightningCLI):
                 f"{self.model.ensemble_average}); no loss is logged: it is one model's"
             )
         print(f"{format_scores(scores)}\nTest hypotheses and scores written to {folder}")
+        # Beside the checkpoint too, for the card of an export or push of it: the scores of these weights alone, not
+        # of an ensemble they were part of.
+        if not members and self.trainer.ckpt_path and Path(self.trainer.ckpt_path).is_file():
+            keep_test_scores(self.trainer.ckpt_path, values, folder)
 
 
 def ensemble_members(config: Namespace, tokenizer: Any) -> list[TransformerForConditionalGeneration]:

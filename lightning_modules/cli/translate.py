@@ -2,6 +2,8 @@
 fairseq-interactive, onmt_translate and marian-decoder do, with `translate()`: with one model, or with several as an
 ensemble (the folders and .ckpt files before the first FILE)."""
 
+from __future__ import annotations
+
 import argparse
 import os
 import shutil
@@ -12,20 +14,15 @@ import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from hf_transformer.decoding.attention_maps import alignment, format_alignment
-from hf_transformer.decoding.engine import TranslationEngine
-from hf_transformer.decoding.translate import (
-    DECODING_MAX_TOKENS,
-    SourceTruncatedWarning,
-    Translation,
-    truncation_message,
-)
 from hf_transformer.errors import DataError, UserError
-from hf_transformer.export.folder import umask_mode
 
 from .models import add_model_arguments, load_engines
+
+if TYPE_CHECKING:  # torch and the model are imported where used, so that `--help` answers at once
+    from hf_transformer.decoding.engine import TranslationEngine
+    from hf_transformer.decoding.translate import Translation
 
 # Lines translated together: enough for full token-budget batches, few enough for regular progress lines.
 CHUNK_LINES = 1000
@@ -99,6 +96,8 @@ def _output_file(path: Path) -> Iterator[TextIO]:
     """The file to write the translations into: a temporary file beside `path` that takes its place when the block
     ends without an error, so that a run that fails or is killed leaves an earlier `path` as it was. A device or a pipe
     (/dev/null) is written directly."""
+    from hf_transformer.export.folder import umask_mode
+
     target = Path(os.path.realpath(path))  # through a symbolic link, as open() writes
     try:
         if target.is_file() or not target.exists():
@@ -128,6 +127,8 @@ def translate_lines(
 ) -> list[str]:
     """Translate every line of `sources` (standard input when empty) in order, writing each chunk as it is done;
     returns the best translation of each line."""
+    from hf_transformer.decoding.translate import DECODING_MAX_TOKENS, SourceTruncatedWarning, truncation_message
+
     interactive = not sources and sys.stdin.isatty()
     total = sum(_count_lines(source) for source in sources)
     best, done, started = [], 0, time.perf_counter()
@@ -140,7 +141,7 @@ def translate_lines(
                 lines,
                 num_beams=args.num_beams,
                 length_penalty=args.length_penalty,
-                max_tokens=args.max_tokens,
+                max_tokens=DECODING_MAX_TOKENS if args.max_tokens is None else args.max_tokens,
                 num_return_sequences=args.n_best,
             )
         for warning in caught:
@@ -184,6 +185,8 @@ def _check_references(references: list[str], lines: int, path: str) -> None:
 
 def _alignments(engine: TranslationEngine, lines: list[str], translations: list[list[Translation]]) -> list[list[str]]:
     """The alignment of every hypothesis of every non-empty line, fairseq's format."""
+    from hf_transformer.decoding.attention_maps import alignment, format_alignment
+
     todo = [
         (index, rank) for index, line in enumerate(lines) if line.strip() for rank in range(len(translations[index]))
     ]
@@ -277,8 +280,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-tokens",
         type=int,
-        default=DECODING_MAX_TOKENS,
-        help=f"token budget of a batch: source tokens x beams (default: {DECODING_MAX_TOKENS})",
+        # None: translate()'s own budget, hf_transformer.decoding.DECODING_MAX_TOKENS (its module loads torch, which
+        # --help does not)
+        default=None,
+        help="token budget of a batch: source tokens x beams (default: translate()'s, DECODING_MAX_TOKENS of "
+        "hf_transformer.decoding)",
     )
     parser.add_argument(
         "--reference",

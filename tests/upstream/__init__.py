@@ -1,6 +1,7 @@
 """transformers' own common model tests, run against this package by `tests/test_hf_contract.py` (see README.md)."""
 
 import importlib.util
+import os
 import subprocess
 import sys
 import tarfile
@@ -16,10 +17,17 @@ UPSTREAM_FILES = ("test_modeling_common.py", "test_configuration_common.py")
 # Downloads are kept between runs (10 MB): a fresh machine fetches them once.
 DOWNLOADS = Path.home() / ".cache" / "hf-transformer-tests"
 UNREACHABLE = ("Could not find a version", "No matching distribution", "NewConnectionError", "Temporary failure")
-# transformers' generation and export test mixins, which the sdist does not ship, lie unchanged beside the checkout
-# (../shared/upstream-tests, with their source and revision); the stand-ins in generation/ and exporters/ take their
-# place where that folder is absent. Module name here -> file there; the first is imported by the second.
-SHARED = HERE.parents[2] / "shared" / "upstream-tests"
+# transformers' generation and export test mixins, which the sdist does not ship, lie unchanged in the folder that
+# UPSTREAM_TESTS_DIR names (by default ../shared/upstream-tests beside the checkout, with their source and revision):
+# transformers' tests/ folder of a release, or a copy of its generation/ and exporters/. The stand-ins in generation/
+# and exporters/ take their place where that folder is absent. Module name here -> file there; the first is imported
+# by the second.
+SHARED = Path(os.environ.get("UPSTREAM_TESTS_DIR") or HERE.parents[2] / "shared" / "upstream-tests")
+# What a skipped test says to run these tests.
+SHARED_HINT = (
+    "set UPSTREAM_TESTS_DIR to a copy of transformers' tests/ folder (its generation/ and exporters/, from the "
+    "transformers release installed)"
+)
 SHARED_MIXINS = {
     "exporters.test_export": "exporters/test_export.py",
     "generation.test_utils": "generation/test_utils.py",

@@ -1,4 +1,4 @@
-"""Stands in for transformers' `tests/exporters/test_export.py` where `../shared/upstream-tests/` is absent
+"""Stands in for transformers' `tests/exporters/test_export.py` where the folder UPSTREAM_TESTS_DIR names is absent
 (`upstream.load_shared_mixins`): the PyPI sdist does not ship it, and `ModelTesterMixin` derives from its
 `ExportTesterMixin`. Export is also tested in `tests/test_hf_contract.py`."""
 
