@@ -24,7 +24,8 @@ from speed import naive_loop, print_table
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_transformer import translate
-from hf_transformer.export.ctranslate2 import CTranslate2Translator, to_ctranslate2
+from hf_transformer.decoding.ctranslate2 import CTranslate2Translator
+from hf_transformer.export.ctranslate2 import to_ctranslate2
 
 RESULTS = Path(__file__).resolve().parent / "results" / "deploy.json"
 PAPER = dict(num_beams=4, length_penalty=0.6)  # the paper's decoding, as the generate() loop's

@@ -10,8 +10,9 @@ decoding settings (beam size, length penalty) chosen on `val`, never on test.
 Scores (`hf_transformer.scoring`, each printed with how it was computed): sacreBLEU (cased, detokenized, 13a, the
 number to compare across papers that report sacreBLEU), lowercased sacreBLEU, chrF, the tokenized lowercased BLEU
 that Multi30k papers report, and the compound-split tokenized BLEU of WMT14 en-de papers. Also the val -> test gaps, the
-run's budget (steps, target tokens) and its time (training minutes, the median target tokens/s), and a learning-curve
-plot. The JSON in benchmarks/results/ holds every scored run, one entry per recipe and seed, for the results tables.
+run's budget (steps, target tokens) and its time (training minutes, the median target tokens/s), and its learning
+curves (the results page plots them). The JSON in benchmarks/results/ holds every scored run, one entry per recipe and
+seed, for the results tables.
 
 Each model's translations are kept in the run's folder (`translations.json`), so that runs can be compared on the same
 sentences later (`benchmarks/compare.py`).
@@ -32,11 +33,10 @@ import torch
 import yaml
 from machine import device_name
 from multi30k import TRANSLATIONS, multi30k_dir, read_split, test_splits
-from report import headline_recipe, learning_curves_plot
 from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, translate
-from hf_transformer.decoding.translate import DECODING_MAX_TOKENS
+from hf_transformer.decoding.search import DECODING_MAX_TOKENS
 from hf_transformer.errors import UserError
 from hf_transformer.scoring import (
     SACREBLEU,
@@ -52,7 +52,7 @@ from lightning_modules.checkpoint import (
     model_from_checkpoint,
     tokenizer_from_checkpoint,
 )
-from lightning_modules.cli.models import positive_int
+from lightning_modules.cli.arguments import positive_int
 from lightning_modules.module import model_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -406,12 +406,7 @@ def main() -> None:
     runs = add_run(json.loads(out.read_text())["runs"] if out.exists() else [], entry)
     out.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
     print(f"Written to {out} ({len(runs)} runs)")
-    plotted = headline_recipe(runs)
-    seeds = [run for run in runs if run["recipe"] == plotted and run.get("learning_curve", {}).get("train_loss")]
-    if seeds:
-        plot = out.with_name(out.stem + "_learning_curve.png")
-        learning_curves_plot(plot, seeds)
-        print(f"learning curve of {len(seeds)} seed(s): {plot}")
+    print("The results page draws its learning curves from it: python -m sphinx -b html docs docs/_build/html")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import torch
 
 from hf_transformer import translate
 from hf_transformer.decoding.engine import TranslationEngine
-from lightning_modules.cli.models import load_engine
+from lightning_modules.cli.arguments import load_engine
 
 RESULTS = Path(__file__).resolve().parent / "results" / "serve.json"
 FRAMEWORKS = ("fastapi", "litserve", "gradio")

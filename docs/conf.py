@@ -1,8 +1,8 @@
 """Sphinx configuration of hf-transformer's documentation (`python -m sphinx -W -n docs docs/_build/html`).
 
 Pages are Markdown (MyST). Some of their content is generated at build time, where a page holds a marker line:
-- `<!-- generated: table NAME -->`: a results table from `benchmarks/results/*.json` (`benchmarks/report.py`);
-- `<!-- generated: plot NAME -->`: a plot of the same JSON (`report.PLOTS`), drawn into `_generated/NAME.png`;
+- `<!-- generated: table NAME -->`: a results table from `benchmarks/results/*.json` (`docs/results_tables.py`);
+- `<!-- generated: plot NAME -->`: a plot of the same JSON (`tables.PLOTS`), drawn into `_generated/NAME.png`;
 - `<!-- generated: help COMMAND -->`: the `--help` of `hf-transformer COMMAND`, as its parser prints it.
 The API and configuration references come from the docstrings (autodoc).
 """
@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "docs"))
 
-import report  # noqa: E402  (benchmarks/report.py: the tables of the results pages)
+import results_tables as tables  # noqa: E402  (docs/results_tables.py: the tables and plots of the results pages)
 
 project = "hf-transformer"
 author = "hf-transformer contributors"
@@ -60,10 +60,10 @@ def help_text(command: str) -> str:
 def generated(match: re.Match) -> str:
     kind, name = match.groups()
     if kind == "table":
-        return report.table(name)
+        return tables.table(name)
     if kind == "plot":
-        report.plot(name, GENERATED / f"{name}.png")
-        alt = " ".join(report.PLOTS[name].__doc__.split(". ")[0].replace("`", "").split())
+        tables.plot(name, GENERATED / f"{name}.png")
+        alt = " ".join(tables.PLOTS[name].__doc__.split(". ")[0].replace("`", "").split())
         return f"![{alt}](_generated/{name}.png)"
     return f"```text\n{help_text(name)}\n```"
 

@@ -17,12 +17,12 @@ from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
 from hf_transformer.decoding.ensemble import Average, Ensemble
-from hf_transformer.decoding.translate import beam_search
+from hf_transformer.decoding.search import beam_search
 from hf_transformer.errors import CheckpointError, ConfigError, TrainingDiverged
-from hf_transformer.export.folder import saved_config
 from hf_transformer.hub.model_card import TRAINING_DESCRIPTION
 from hf_transformer.model.integrity import non_finite_tensors
 from hf_transformer.model.loss import IGNORE_INDEX
+from hf_transformer.model_folder import saved_config
 from hf_transformer.scoring import LOGGED_SCORES, VALIDATION_BLEU, VALIDATION_CHRF, sacrebleu_scores
 
 from .callbacks.progress import telling_samples

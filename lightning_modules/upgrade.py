@@ -103,3 +103,9 @@ def describe_training(checkpoint: dict[str, Any]) -> list[tuple[str, str]]:
     if "alpha" in upgraded:
         rows.append(RDropTranslationModule.description(upgraded["alpha"]))
     return rows
+
+
+def described(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """`checkpoint` with its training described for the model card (`describe_training`), which one of 0.3 or 0.4 does
+    not hold: what `export_checkpoint` is given by the commands that export a checkpoint."""
+    return {**checkpoint, TRAINING_DESCRIPTION: describe_training(checkpoint)}

@@ -20,12 +20,13 @@ from conftest import (
 )
 
 from hf_transformer import TransformerForConditionalGeneration, translate
-from hf_transformer.decoding.translate import beam_search
+from hf_transformer.decoding.search import beam_search
 from lightning_modules.checkpoint import load_checkpoint, model_from_checkpoint, tokenizer_from_checkpoint
 from lightning_modules.cli import main
 
 pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed: pip install 'hf-transformer[ctranslate2]'")
-from hf_transformer.export.ctranslate2 import CTranslate2Translator, to_ctranslate2  # noqa: E402
+from hf_transformer.decoding.ctranslate2 import CTranslate2Translator  # noqa: E402
+from hf_transformer.export.ctranslate2 import to_ctranslate2  # noqa: E402
 
 MAX_LENGTH_OFFSET = 5  # short enough that some outputs of the copy task run into the limit
 

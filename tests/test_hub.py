@@ -29,7 +29,7 @@ from sacrebleu.metrics import BLEU
 from safetensors.torch import save_file
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, translate
-from hf_transformer.decoding.translate import MAX_LENGTH_OFFSET
+from hf_transformer.decoding.search import MAX_LENGTH_OFFSET
 from hf_transformer.errors import HubError
 from hf_transformer.hub.model_card import bleu_signature, chrf_signature, write_model_card
 from hf_transformer.hub.push import push_folder

@@ -27,8 +27,8 @@ from hf_transformer.errors import HubError
 from hf_transformer.hub.model_card import bleu_signature, signatures, write_model_card
 from lightning_modules.callbacks.push_to_hub import PushToHubCallback
 from lightning_modules.checkpoint import RUN_ID, load_checkpoint, model_from_checkpoint, tokenizer_from_checkpoint
+from lightning_modules.checkpoint_export import export_checkpoint, keep_test_scores
 from lightning_modules.cli import main
-from lightning_modules.export import export_checkpoint, keep_test_scores
 from lightning_modules.module import TranslationModule
 from lightning_modules.schedules import InverseSquareRoot
 

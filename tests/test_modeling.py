@@ -911,7 +911,7 @@ def test_translation_pipeline_from_a_saved_folder(tiny_config, tiny_tokenizer, t
 @pytest.mark.parametrize(("num_beams", "length_penalty"), [(4, 0.6), (1, 1.0), (3, -0.5)])
 def test_shrinking_beam_search_equals_generate_on_each_sentence(tiny_config, num_beams, length_penalty):
     """Sentences leave the batch as they finish; each result is still what generate() gives for it alone."""
-    from hf_transformer.decoding.translate import beam_search
+    from hf_transformer.decoding.search import beam_search
 
     model = make_model(tiny_config).double()
     with torch.no_grad():

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, translate  # noqa: E402
 from hf_transformer.decoding.engine import TranslationEngine  # noqa: E402
-from hf_transformer.decoding.translate import SourceTruncatedWarning  # noqa: E402
+from hf_transformer.decoding.search import SourceTruncatedWarning  # noqa: E402
 from hf_transformer.serving import create_app  # noqa: E402
 from hf_transformer.serving.app import MAX_REQUESTS, server_config  # noqa: E402
 from hf_transformer.serving.batcher import Batcher, ServerBusy  # noqa: E402

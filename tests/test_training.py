@@ -39,12 +39,13 @@ from lightning_modules.checkpoint import (
     model_from_checkpoint,
     save_atomically,
 )
+from lightning_modules.checkpoint_export import export_checkpoint
 from lightning_modules.cli import main, run
 from lightning_modules.cli.training import TranslationCLI
 from lightning_modules.experimental import RDropTranslationModule
-from lightning_modules.export import export_checkpoint
 from lightning_modules.module import model_config
 from lightning_modules.schedules import noam_lr_lambda
+from lightning_modules.upgrade import describe_training
 
 CONFIGS = sorted(DEMO.parent.glob("*.yaml"))  # the experiments; configs/trainer/ holds trainer settings to compose
 
@@ -836,6 +837,12 @@ def test_a_0_3_checkpoint_resumes_with_its_module_arguments(run_dir):
     hparams = resumed["hyper_parameters"]
     assert hparams["_class_path"].endswith("RDropTranslationModule") and hparams["alpha"] == 5.0
     assert hparams["schedule"]["init_args"] == yaml.safe_load(DEMO.read_text())["model"]["schedule"]["init_args"]
+    # Its card, exported from the old file, describes the training from the upgraded arguments.
+    main(["export", str(old), "exported"])
+    card = (run_dir / "exported" / "README.md").read_text()
+    rows = describe_training(checkpoint)
+    assert [label for label, _ in rows] == ["Learning-rate schedule", "R-Drop"]
+    assert all(f"| {label} | {text} |" in card for label, text in rows), rows
 
 
 @pytest.mark.parametrize("version", ["0.3.0", "0.4.0"])

@@ -487,7 +487,7 @@ def test_translate_command_into_a_closed_pipe_ends_quietly(checkpoint, tmp_path,
 
 def test_a_folder_without_its_tokenizer_is_named_with_the_fix(checkpoint, tmp_path, capsys):
     from lightning_modules.checkpoint import load_checkpoint
-    from lightning_modules.export import export_checkpoint
+    from lightning_modules.checkpoint_export import export_checkpoint
 
     folder = export_checkpoint(load_checkpoint(checkpoint), tmp_path / "exported")
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -503,7 +503,7 @@ def test_an_export_appears_whole_or_not_at_all(checkpoint, tmp_path, capsys, mon
     """A kill -9 midway left a folder of config and weights that `push` published. Now the export is written into a
     hidden folder beside, renamed into place when whole: while it is written, the folder's name holds nothing (or the
     previous export, with --overwrite), and a failure leaves that as it was."""
-    import lightning_modules.export
+    import lightning_modules.checkpoint_export
 
     folder = tmp_path / "exported"
     seen = []
@@ -513,7 +513,7 @@ def test_an_export_appears_whole_or_not_at_all(checkpoint, tmp_path, capsys, mon
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(lightning_modules.export, "write_model_card", killed)
+        patch.setattr(lightning_modules.checkpoint_export, "write_model_card", killed)
         with pytest.raises(KeyboardInterrupt):
             main(["export", str(checkpoint), str(folder)])
     assert seen[0][0] is False and "model.safetensors" in seen[0][1] and "tokenizer.json" in seen[0][1]
@@ -524,7 +524,7 @@ def test_an_export_appears_whole_or_not_at_all(checkpoint, tmp_path, capsys, mon
     (folder / "notes.txt").write_text("mine")
     before = {path.name: path.read_bytes() for path in folder.iterdir()}
     with monkeypatch.context() as patch:
-        patch.setattr(lightning_modules.export, "write_model_card", killed)
+        patch.setattr(lightning_modules.checkpoint_export, "write_model_card", killed)
         with pytest.raises(KeyboardInterrupt):
             main(["export", str(checkpoint), str(folder), "--overwrite"])
     assert seen[1][0] == sorted(before)
@@ -607,8 +607,7 @@ def test_a_format_registered_in_one_line_gets_its_flags_push_its_card_and_a_refu
     where it runs."""
     from huggingface_hub import ModelCard
 
-    from hf_transformer.export import FORMATS, ExportFormat, ExportOption, card_formats, positive_int
-    from hf_transformer.hub.model_card import FormatCard
+    from hf_transformer.formats import FORMATS, ExportFormat, ExportOption, FormatCard, card_formats, positive_int
     from lightning_modules.cli.export import _parser as export_parser
     from lightning_modules.cli.push import _push_parser
 
@@ -672,7 +671,7 @@ def test_a_format_registered_in_one_line_gets_its_flags_push_its_card_and_a_refu
 
 def test_translate_command_reads_exported_and_ctranslate2_folders(checkpoint, tmp_path, capsys):
     from lightning_modules.checkpoint import load_checkpoint
-    from lightning_modules.export import export_checkpoint
+    from lightning_modules.checkpoint_export import export_checkpoint
 
     model, tokenizer = reference_model(checkpoint)
     export_checkpoint(load_checkpoint(checkpoint), tmp_path / "exported")
@@ -681,7 +680,7 @@ def test_translate_command_reads_exported_and_ctranslate2_folders(checkpoint, tm
     assert capsys.readouterr().out.splitlines() == translate(model, tokenizer, SENTENCES)
 
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed: pip install 'hf-transformer[ctranslate2]'")
-    from hf_transformer.export.ctranslate2 import CTranslate2Translator
+    from hf_transformer.decoding.ctranslate2 import CTranslate2Translator
 
     main(["export", str(tmp_path / "exported"), str(tmp_path / "ct2"), "--format", "ctranslate2"])
     capsys.readouterr()
@@ -698,7 +697,7 @@ def test_translate_command_translates_with_an_ensemble_of_checkpoints_and_folder
     """The models before the first text file (a checkpoint and an exported folder of another depth here) translate as
     `translate()` does with the list of them; their tokenizer must be one, and an ensemble gives no alignments."""
     from lightning_modules.checkpoint import load_checkpoint
-    from lightning_modules.export import export_checkpoint
+    from lightning_modules.checkpoint_export import export_checkpoint
 
     torch.manual_seed(1)
     deeper = tiny_model(tiny_tokenizer, decoder_layers=3, max_position_embeddings=24)
@@ -933,3 +932,19 @@ def test_with_a_wandb_logger_the_map_is_a_wandb_image(tiny_tokenizer, monkeypatc
     AttentionMap(sentence="a dog").on_validation_end(trainer, module)
     assert logged == [("val/attention", 7)]
     assert not list(tmp_path.rglob("*.png"))
+
+
+def test_names_that_moved_after_0_4_0_are_still_found_with_a_warning_naming_their_new_home():
+    """The CTranslate2 runtime left export/ for decoding/, and `FormatCard` the model card for the formats' registry;
+    code that imports them from where 0.4.0's docs showed them keeps working, told where they are now."""
+    from hf_transformer.formats import FormatCard
+
+    with pytest.warns(FutureWarning, match=r"import it from hf_transformer\.formats"):
+        from hf_transformer.hub.model_card import FormatCard as old_card
+    assert old_card is FormatCard
+    pytest.importorskip("ctranslate2")
+    from hf_transformer.decoding.ctranslate2 import CTranslate2Translator
+
+    with pytest.warns(FutureWarning, match=r"import it from hf_transformer\.decoding\.ctranslate2"):
+        from hf_transformer.export.ctranslate2 import CTranslate2Translator as old_runtime
+    assert old_runtime is CTranslate2Translator

@@ -12,7 +12,7 @@ from .attention_maps import (
     plot_attention_heads,
 )
 from .ensemble import Ensemble
-from .translate import (
+from .search import (
     DECODING_MAX_TOKENS,
     MAX_LENGTH_OFFSET,
     Hypothesis,

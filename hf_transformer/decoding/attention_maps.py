@@ -17,7 +17,7 @@ from transformers import GenerationMixin, PreTrainedTokenizerBase
 
 from ..errors import MissingExtra, TranslationInputError
 from ..token_budget import pack_token_budget
-from .translate import DECODING_MAX_TOKENS, MAX_LENGTH_OFFSET, check_sentences, translate
+from .search import DECODING_MAX_TOKENS, MAX_LENGTH_OFFSET, check_sentences, translate
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -11,14 +11,15 @@ from typing import TYPE_CHECKING
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
 from ..errors import MissingExtra, ModelNotFound, TranslationInputError, UserError
-from ..export.folder import check_tokenizer_files
+from ..formats import DEFAULT_FORMAT, FORMATS, folder_format, runtime_formats
 from ..model import TransformerConfig, TransformerForConditionalGeneration
+from ..model_folder import check_tokenizer_files
 from .attention_maps import AttentionMaps, attention_maps
 from .ensemble import Average, Ensemble, check_same_tokenizer
-from .translate import DECODING_MAX_TOKENS, Translation, check_decoding_settings, translate
+from .search import DECODING_MAX_TOKENS, Translation, check_decoding_settings, translate
 
 if TYPE_CHECKING:
-    from ..export.ctranslate2 import CTranslate2Translator
+    from .ctranslate2 import CTranslate2Translator
 
 # The most beams a command or a request may ask for: beam search costs memory and time in proportion.
 MAX_BEAMS = 16
@@ -53,11 +54,9 @@ class TranslationEngine:
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, device: str = "cpu") -> TranslationEngine:
         """A folder written by `hf-transformer export` or a Hub repository of this package's model, loaded by the
-        runtime of its format (`hf_transformer.export.FORMATS`: the format that recognises the folder by its files;
+        runtime of its format (`hf_transformer.formats.FORMATS`: the format that recognises the folder by its files;
         a Hub id is this package's model). A folder of a format without a runtime here (ONNX, Marian) is refused,
         saying where it runs."""
-        from ..export import DEFAULT_FORMAT, FORMATS, folder_format, runtime_formats  # the registry imports decoding
-
         folder = Path(name_or_path)
         format = folder_format(folder)
         if format is None:
@@ -118,7 +117,7 @@ class TranslationEngine:
     def from_ctranslate2(cls, folder: str | Path, device: str = "cpu") -> TranslationEngine:
         """The runtime of the "ctranslate2" format (the optional ctranslate2 package)."""
         try:
-            from ..export.ctranslate2 import CTranslate2Translator
+            from .ctranslate2 import CTranslate2Translator
         except ImportError as err:
             raise MissingExtra(f"{folder} is a CTranslate2 model: {err}") from err
         translator = CTranslate2Translator(folder, device=device)

@@ -1,233 +1,29 @@
-"""A trained model in other formats: one file per format, one line per format in `FORMATS`. Each entry owns its facts:
-its options (with their types and help: `hf-transformer export` makes its flags from them), its model card (whether it
-carries one, its Hub tags and usage), and how a folder of it is recognised and loaded to translate. `hf-transformer
-export` and `push`, the model card and the `translate`/`serve` engine ask the registry, so a new format is a new file
-and a new line here.
+"""A trained model in other formats: one file per format (`hf_transformer.py`, `marian.py`, `ctranslate2.py`,
+`onnx.py`), one line per format in the registry, `hf_transformer.formats.FORMATS`.
 
 `export_model` writes a model and its tokenizer in a format; `export_folder` converts a folder written by `export`
 (its card, if it has one, rendered again for the new format). A folder is written whole or not at all
-(`folder.written_whole`) by the command that calls them."""
+(`hf_transformer.model_folder.written_whole`) by the command that calls them."""
 
-import importlib
-import json
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from ..formats import (
+    DEFAULT_FORMAT,
+    FORMATS,
+    ExportFormat,
+    ExportOption,
+    FormatCard,
+    card_formats,
+    checked_format,
+    folder_format,
+    runtime_formats,
+)
 
-# Imported where used: `hf-transformer export --help` and `push --help` read the registry (its formats, their options
-# and which carry a card) without loading torch, transformers or huggingface_hub.
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-    from ..decoding.engine import TranslationEngine
-    from ..hub.model_card import FormatCard
     from ..model import TransformerForConditionalGeneration
-
-
-def positive_int(text: str) -> int:
-    """An option's type: a whole number of at least 1."""
-    try:
-        number = int(text)
-    except ValueError:
-        raise ValueError(f"expected a whole number, got {text!r}") from None
-    if number < 1:
-        raise ValueError(f"must be at least 1, got {number}")
-    return number
-
-
-@dataclass(frozen=True)
-class ExportOption:
-    """An option of a format's writer, `name=value`; `hf-transformer export` takes it as `--name` (dashes for
-    underscores). `type` turns the command line's text into the value (a ValueError says what is wrong with it)."""
-
-    name: str
-    help: str
-    type: Callable[[str], Any] = str
-    default: Any = None
-    metavar: str | None = None
-
-
-@dataclass(frozen=True)
-class ExportFormat:
-    """One export format. `writer` writes `(model, tokenizer, folder, **options)`: a callable, or "module:function" of
-    a module of this package, imported only when used (CTranslate2 and ONNX are extras). `options` are the options it
-    takes; `card` what its model card says, a `FormatCard` or "module:ATTRIBUTE" of this package naming one, imported
-    when a card is written (None: the format carries no card, and `push` does not take it).
-
-    A folder of the format is recognised by its `files` (and, where several formats write a config.json, by its
-    `model_type`, or a function that returns it, called when a folder is checked); `runtime` ("module:attribute",
-    absolute) loads one to translate, `(name_or_path, device) -> TranslationEngine`; a format without one says where it
-    runs instead (`runs_elsewhere`). What is named by text is imported only when used, so that the registry itself
-    loads nothing heavy."""
-
-    name: str
-    summary: str
-    writer: str | Callable[..., Any]
-    options: tuple[ExportOption, ...] = ()
-    card: "FormatCard | str | None" = None
-    files: tuple[str, ...] = ()
-    model_type: str | Callable[[], str] | None = None
-    runtime: str | None = None
-    runs_elsewhere: str = ""
-
-    @property
-    def has_card(self) -> bool:
-        """Whether the format is a model folder that the Hub shows with a model card, which `push` uploads."""
-        return self.card is not None
-
-    def format_card(self) -> "FormatCard | None":
-        """What the model card of a folder of this format says of it (its `card`, imported where named by text)."""
-        return None if self.card is None else _resolve(self.card, __name__)
-
-    def write(
-        self,
-        model: "TransformerForConditionalGeneration",
-        tokenizer: "PreTrainedTokenizerFast",
-        folder: Path,
-        **options: Any,
-    ) -> Path:
-        from .folder import make_shareable
-
-        _resolve(self.writer, __name__)(model, tokenizer, folder, **options)
-        make_shareable(folder)
-        return folder
-
-    def holds(self, folder: Path) -> bool:
-        """Whether `folder` is a folder of this format: it has the format's files, and config.json's model type is
-        the format's where it names one."""
-        if not self.files or not all((folder / name).is_file() for name in self.files):
-            return False
-        if self.model_type is None:
-            return True
-        return _model_type(folder) == (self.model_type() if callable(self.model_type) else self.model_type)
-
-    def load(self, name_or_path: str | Path, device: str = "cpu") -> "TranslationEngine":
-        """The engine that translates with the folder (or Hub repository) `name_or_path` of this format."""
-        if self.runtime is None:
-            raise ValueError(f"the {self.name} format has no runtime in hf-transformer: {self.runs_elsewhere}")
-        return _resolve(self.runtime)(name_or_path, device=device)
-
-
-def _resolve(reference: Any, package: str | None = None) -> Any:
-    """`reference` itself, or the attribute that the text "module:attribute" names (dotted: an attribute of an
-    attribute), its module imported now: a module of `package` where one is given, else an absolute name."""
-    if not isinstance(reference, str):
-        return reference
-    module, attribute = reference.split(":")
-    value: Any = importlib.import_module(f".{module}" if package else module, package)
-    for name in attribute.split("."):
-        value = getattr(value, name)
-    return value
-
-
-def _our_model_type() -> str:
-    """The model type in the config.json of an "hf-transformer" folder (importing the model loads torch)."""
-    from ..model import TransformerConfig
-
-    return TransformerConfig.model_type
-
-
-FORMATS: dict[str, ExportFormat] = {
-    format.name: format
-    for format in (
-        ExportFormat(
-            "hf-transformer",
-            "this model with its code (loads with trust_remote_code=True)",
-            "folder:save_model",
-            card="folder:HF_TRANSFORMER_CARD",
-            files=("config.json", "model.safetensors"),
-            model_type=_our_model_type,
-            runtime="hf_transformer.decoding.engine:TranslationEngine.from_model",
-        ),
-        ExportFormat(
-            "marian",
-            "the same model as a stock MarianMTModel, which loads without remote code (post-LN models only)",
-            "marian:save_marian",
-            card="marian:MARIAN_CARD",
-            files=("config.json",),
-            model_type="marian",
-            runs_elsewhere="it loads with transformers' MarianMTModel",
-        ),
-        ExportFormat(
-            "ctranslate2",
-            "a CTranslate2 model (post-LN models only; pip install 'hf-transformer[ctranslate2]')",
-            "ctranslate2:to_ctranslate2",
-            options=(
-                ExportOption(
-                    "quantization", "the stored weight type, e.g. int8 (default: float32)", metavar="QUANTIZATION"
-                ),
-            ),
-            files=("model.bin",),
-            runtime="hf_transformer.decoding.engine:TranslationEngine.from_ctranslate2",
-        ),
-        ExportFormat(
-            "onnx",
-            "ONNX programs of the encoder and the decoder's steps (pip install 'hf-transformer[onnx]')",
-            "onnx:to_onnx",
-            options=(
-                # The shape the programs take, fixed by the static cache.
-                ExportOption(
-                    "batch_size", "sources per call, fixed in the programs (default: 1)", positive_int, default=1
-                ),
-                ExportOption(
-                    "source_length", "source tokens per row, padded (default: the model's positions)", positive_int
-                ),
-                ExportOption(
-                    "max_length",
-                    "output tokens, the start token included (default: the model's positions)",
-                    positive_int,
-                ),
-            ),
-            # What transformers' exporter writes beside the programs: it names them and their inputs.
-            files=("export.json",),
-            runs_elsewhere="they run on ONNX Runtime (load them with "
-            "transformers.exporters.ExportedModel.from_pretrained(folder), as docs/deploying.md shows)",
-        ),
-    )
-}
-DEFAULT_FORMAT = "hf-transformer"
-
-
-def card_formats() -> list[str]:
-    """The formats that carry a model card, which `push` uploads."""
-    return [name for name, format in FORMATS.items() if format.has_card]
-
-
-def runtime_formats() -> list[str]:
-    """The formats whose folders `translate`, `attention` and `serve` load."""
-    return [name for name, format in FORMATS.items() if format.runtime]
-
-
-def folder_format(folder: str | Path) -> ExportFormat | None:
-    """The registered format of the model folder `folder`, or None (no such folder, a Hub id, another model)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return None
-    return next((format for format in FORMATS.values() if format.holds(folder)), None)
-
-
-def _model_type(folder: Path) -> str | None:
-    try:
-        return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _checked_format(format: str, options: dict[str, Any]) -> ExportFormat:
-    """The registered format `format`, once it is known to take every one of `options`; a `ConfigError` naming the
-    formats or the options there are otherwise (the format's writer would fail with a bare KeyError or TypeError)."""
-    if format not in FORMATS:
-        raise ConfigError(f"Unknown export format {format!r}: the formats are {', '.join(FORMATS)}.")
-    chosen = FORMATS[format]
-    takes = [option.name for option in chosen.options]
-    unknown = sorted(set(options) - set(takes))
-    if unknown:
-        accepted = f"takes only {', '.join(takes)}" if takes else "takes no options"
-        raise ConfigError(f"The {format} export does not take {', '.join(unknown)}: it {accepted}. Leave them out.")
-    return chosen
 
 
 def export_model(
@@ -240,7 +36,7 @@ def export_model(
     """Write `model` and `tokenizer` into `folder` in `format` (a name in `FORMATS`) with that format's `options`.
     The model card is the caller's (`hf_transformer.hub.model_card`), which knows how the model was trained. Raises
     `ConfigError` for an unknown format or an option it does not take."""
-    return _checked_format(format, options).write(model, tokenizer, Path(folder), **options)
+    return checked_format(format, options).write(model, tokenizer, Path(folder), **options)
 
 
 def export_folder(
@@ -260,9 +56,9 @@ def export_folder(
 
     from ..hub.model_card import rewrite_model_card
     from ..model import TransformerForConditionalGeneration
-    from .folder import check_model_folder
+    from ..model_folder import check_model_folder
 
-    chosen = _checked_format(format, options)  # before the model is loaded
+    chosen = checked_format(format, options)  # before the model is loaded
     check_model_folder(source)
     model = TransformerForConditionalGeneration.from_pretrained(source)
     folder = export_model(model, PreTrainedTokenizerFast.from_pretrained(source), folder, format, **options)
@@ -276,6 +72,7 @@ __all__ = [
     "FORMATS",
     "ExportFormat",
     "ExportOption",
+    "FormatCard",
     "card_formats",
     "export_folder",
     "export_model",

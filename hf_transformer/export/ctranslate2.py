@@ -1,4 +1,4 @@
-"""Convert a trained model into a CTranslate2 model, and translate with it as `hf_transformer.decoding.translate` does.
+"""Convert a trained model into a CTranslate2 model (`hf_transformer.decoding.ctranslate2` translates with it).
 
 The model goes through its stock Marian equivalent (`to_marian`) and a loader of CTranslate2's Transformers
 converter, though not its Marian loader: that one assumes an OPUS-MT model, whose decoder starts from a zero embedding
@@ -13,24 +13,15 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
-from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
-from ..decoding.translate import (
-    DECODING_MAX_TOKENS,
-    MAX_LENGTH_OFFSET,
-    check_decoding_settings,
-    check_sentences,
-    prepare_sources,
-)
 from ..model import TransformerForConditionalGeneration
-from ..model.configuration_transformer import max_new_tokens
 from .marian import to_marian
 
 try:
-    import ctranslate2
     from ctranslate2.converters.transformers import BartLoader
 except ImportError as err:
     raise ImportError(
@@ -38,7 +29,7 @@ except ImportError as err:
         "(or pip install ctranslate2)."
     ) from err
 
-__all__ = ["CTranslate2Translator", "to_ctranslate2"]
+__all__ = ["QUANTIZATIONS", "to_ctranslate2"]
 
 # What `quantization` may be: CTranslate2's weight types (`ctranslate2.converters.Converter.convert`).
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
@@ -52,7 +43,8 @@ def to_ctranslate2(
     quantization: str | None = None,
 ) -> Path:
     """Write a CTranslate2 model of `model` into `folder`, with the tokenizer and the generation config that
-    `CTranslate2Translator` reads. `quantization` (e.g. "int8") sets the stored weight type; None keeps float32.
+    `hf_transformer.decoding.ctranslate2.CTranslate2Translator` reads. `quantization` (e.g. "int8") sets the stored
+    weight type; None keeps float32.
     Raises ValueError for models Marian cannot express (pre-LN) and for a tokenizer that does not fit the model."""
     if quantization not in (None, *QUANTIZATIONS):
         raise ValueError(f"Unknown quantization {quantization!r}: use one of {', '.join(QUANTIZATIONS)}, or none.")
@@ -87,77 +79,16 @@ def to_ctranslate2(
     return folder
 
 
-class CTranslate2Translator:
-    """A CTranslate2 model written by `to_ctranslate2`, translating as `hf_transformer.translate` does: beam search
-    (the saved generation config's beams and length penalty by default), hypotheses scored by their summed
-    log-probabilities over their length (</s> included) ** length penalty, at most the source length +
-    `max_length_offset` output tokens. Greedy decoding gives the same tokens as ours. CTranslate2's beam search ends a
-    sentence once it has `num_beams` finished hypotheses, which is `generate(early_stopping=True)`; `translate()` and
-    `generate()` by default also wait until no running beam can beat them, so a few outputs may differ.
-    `options` go to `ctranslate2.Translator` (device, compute_type such as "int8", intra_threads, ...)."""
-
-    def __init__(self, folder: str | Path, **options) -> None:
-        self.translator = ctranslate2.Translator(str(folder), **options)
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        self.generation_config = GenerationConfig.from_pretrained(folder)
-
-    def __call__(
-        self,
-        sentences: list[str],
-        *,
-        num_beams: int | None = None,
-        length_penalty: float | None = None,
-        max_length_offset: int = MAX_LENGTH_OFFSET,
-        max_tokens: int = DECODING_MAX_TOKENS,
-    ) -> list[str]:
-        """Translate `sentences`, returning translations in the order of the input, with `translate()`'s treatment
-        of its input: a blank sentence translates to "", a source longer than the model's positions is cut to them with
-        a `SourceTruncatedWarning`. Batches hold at most `max_tokens` source tokens counted with padding and beams."""
-        check_sentences(sentences)
-        translations = [""] * len(sentences)
-        todo, ids, truncated = prepare_sources(self.tokenizer, sentences, self.tokenizer.model_max_length)
-        output_ids = self.generate(
-            ids,
-            num_beams=num_beams,
-            length_penalty=length_penalty,
-            max_length_offset=max_length_offset,
-            max_tokens=max_tokens,
+def __getattr__(name: str) -> Any:
+    # The runtime lived here until 0.4.0, and the docs showed it imported from here: it still is, with its new home.
+    if name == "CTranslate2Translator":
+        warnings.warn(
+            "hf_transformer.export.ctranslate2.CTranslate2Translator moved: import it from "
+            "hf_transformer.decoding.ctranslate2",
+            FutureWarning,
+            stacklevel=2,
         )
-        for index, text in zip(todo, self.tokenizer.batch_decode(output_ids, skip_special_tokens=True), strict=True):
-            translations[index] = text.strip()
-        if truncated:
-            warnings.warn(truncated, stacklevel=2)
-        return translations
+        from ..decoding.ctranslate2 import CTranslate2Translator
 
-    def generate(
-        self,
-        input_ids: list[list[int]],
-        *,
-        num_beams: int | None = None,
-        length_penalty: float | None = None,
-        max_length_offset: int = MAX_LENGTH_OFFSET,
-        max_tokens: int = DECODING_MAX_TOKENS,
-    ) -> list[list[int]]:
-        """The best hypothesis for each source (token ids, without padding), as token ids ending with </s> (or cut at
-        the maximum length), without the decoder start token."""
-        num_beams = check_decoding_settings(self.generation_config, num_beams)
-        length_penalty = self.generation_config.length_penalty if length_penalty is None else length_penalty
-        max_positions = self.tokenizer.model_max_length
-        # The output limit depends on the source length, and CTranslate2 takes one per call: one call per length.
-        by_length = defaultdict(list)
-        for index, row in enumerate(input_ids):
-            by_length[len(row)].append(index)
-        outputs: list[list[int]] = [[] for _ in input_ids]
-        for length, indices in sorted(by_length.items()):
-            results = self.translator.translate_batch(
-                [self.tokenizer.convert_ids_to_tokens(input_ids[index]) for index in indices],
-                beam_size=num_beams,
-                length_penalty=length_penalty,
-                return_end_token=True,  # counts </s> in the length, as Hugging Face does
-                min_decoding_length=0,  # CTranslate2 defaults to 1, which forbids an empty translation
-                max_decoding_length=max_new_tokens(length, max_positions, max_length_offset),
-                max_batch_size=max(1, max_tokens // (num_beams * length)),
-            )
-            for index, result in zip(indices, results, strict=True):
-                outputs[index] = self.tokenizer.convert_tokens_to_ids(result.hypotheses[0])
-        return outputs
+        return CTranslate2Translator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from transformers import MarianConfig, MarianMTModel, PretrainedConfig, PreTrainedTokenizerFast
 
-from ..hub.model_card import FormatCard
+from ..formats import FormatCard
 from ..model import TransformerConfig, TransformerForConditionalGeneration
 from ..model.configuration_transformer import SHAPE_FIELDS
 

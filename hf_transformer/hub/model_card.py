@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,8 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
-from ..decoding.translate import MAX_LENGTH_OFFSET
 from ..model import TransformerForConditionalGeneration
-from ..model.configuration_transformer import MIN_TRANSFORMERS_VERSION, TransformerConfig
+from ..model.configuration_transformer import MAX_LENGTH_OFFSET, MIN_TRANSFORMERS_VERSION, TransformerConfig
 from ..scoring import LOGGED_SCORES, VALIDATION_BLEU, VALIDATION_CHRF, VALIDATION_SCORES, sacrebleu_signatures
 
 CARD_NAME = "README.md"
@@ -84,7 +83,7 @@ def write_model_card(
     example: str | None = None,
 ) -> Path:
     """Write `folder/README.md` for the model exported from `checkpoint` in `format` (one of
-    `hf_transformer.export.FORMATS` that carries a card, whose `FormatCard` gives its tags and usage) and return its
+    `hf_transformer.formats.FORMATS` that carries a card, whose `FormatCard` gives its tags and usage) and return its
     path; the facts it is rendered from go to `folder/hf_transformer_card.json`, from which
     `rewrite_model_card` renders it again for another repo or format.
 
@@ -146,7 +145,7 @@ def rewrite_model_card(
 def _render(folder: Path, facts: dict[str, Any], format: str, repo_id: str | None, revision: str | None = None) -> Path:
     # The registry of export formats says what each format's card holds; it imports this module, so it is imported
     # here.
-    from ..export import FORMATS, card_formats
+    from ..formats import FORMATS, card_formats
 
     if format not in card_formats():
         raise ValueError(f"Unknown model format {format!r}: the card knows {', '.join(card_formats())}.")
@@ -204,19 +203,6 @@ def signatures(stage: str) -> dict[str, str]:
         scoring = sacrebleu_signatures()
         return {name: scoring[score] for name, score in LOGGED_SCORES.items()}
     raise ValueError(f"Unknown stage {stage!r}: scores are logged for {', '.join(_STAGES)}.")
-
-
-@dataclass(frozen=True)
-class FormatCard:
-    """What the model card says of an export format that carries one (`ExportFormat.card`): its Hub tags and its
-    paragraphs, each a Jinja snippet rendered with the card's values (`model_id`, `revision`: the commit a push pinned
-    or None, `example`, `requirement`)."""
-
-    tags: tuple[str, ...]  # the Hub tags of a folder of this format, beside the card's own
-    usage: str  # the Python code of the Usage section
-    about: str = ""  # a paragraph after the introduction: what a folder of this format holds
-    requirement_note: str = ""  # words after "Needs torch and transformers..." (without a full stop)
-    after_usage: str = ""  # paragraphs after the code
 
 
 # --- what the checkpoint says about the run -------------------------------------------------------------------
@@ -452,3 +438,17 @@ def _format_score(value: float | None) -> str:
 
 def _model_name(model_id: str) -> str:
     return Path(model_id).name or model_id
+
+
+def __getattr__(name: str) -> Any:
+    # `FormatCard` lived here until 0.4.0: it is still found here, with its new home.
+    if name == "FormatCard":
+        warnings.warn(
+            "hf_transformer.hub.model_card.FormatCard moved: import it from hf_transformer.formats",
+            FutureWarning,
+            stacklevel=2,
+        )
+        from ..formats import FormatCard
+
+        return FormatCard
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,7 @@ from huggingface_hub.errors import HTTPError as TransportError
 from huggingface_hub.utils import validate_repo_id
 
 from ..errors import HubError
-from ..export.folder import TOKENIZER_FILES
+from ..model_folder import TOKENIZER_FILES
 
 logger = logging.getLogger(__name__)
 

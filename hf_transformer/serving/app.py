@@ -19,7 +19,7 @@ from typing import Any
 
 from ..decoding.attention_maps import alignment, format_alignment
 from ..decoding.engine import MAX_BEAMS, TranslationEngine
-from ..decoding.translate import prepare_sources
+from ..decoding.search import prepare_sources
 from ..errors import MissingExtra, UserError
 from .batcher import Batcher, ServerBusy
 

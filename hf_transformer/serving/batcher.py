@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..decoding.engine import TranslationEngine
-from ..decoding.translate import Translation
+from ..decoding.search import Translation
 
 T = TypeVar("T")
 

@@ -15,11 +15,11 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from hf_transformer.errors import HubError
-from hf_transformer.export.folder import written_whole
 from hf_transformer.hub.push import check_repo_id, find_token, push_folder
+from hf_transformer.model_folder import written_whole
 
 from ..checkpoint import load_checkpoint
-from ..export import export_checkpoint
+from ..checkpoint_export import export_checkpoint
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from hf_transformer.errors import UserError
 
-from .models import add_model_arguments, load_engines
+from .arguments import add_model_arguments, load_engines
 
 
 def main(argv: list[str]) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from hf_transformer.errors import UserError
 from hf_transformer.export import DEFAULT_FORMAT, FORMATS, ExportOption, card_formats
 
-from .models import positive_int
+from .arguments import positive_int
 
 
 def main(argv: list[str]) -> None:
@@ -19,9 +19,10 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     # Imported once --help has answered: they load torch and Lightning.
     from hf_transformer.export import export_folder
-    from hf_transformer.export.folder import written_whole
+    from hf_transformer.model_folder import written_whole
 
-    from ..export import checkpoint_to_export, export_checkpoint, kept_test_scores, read_results
+    from ..checkpoint_export import checkpoint_to_export, export_checkpoint, kept_test_scores, read_results
+    from ..upgrade import described
 
     format = FORMATS[args.format]
     takes = _names(format.options)
@@ -50,7 +51,7 @@ def main(argv: list[str]) -> None:
                 if kept is not None:  # what `hf-transformer test` gave these weights
                     card["results"] = kept[0]
                     print(f"Test scores on the model card: {kept[1]}")
-                export_checkpoint(checkpoint, folder, format.name, **card, **options)
+                export_checkpoint(described(checkpoint), folder, format.name, **card, **options)
     except (ImportError, ValueError) as err:  # an extra missing, a pre-LN model, an unknown quantization, a length
         if isinstance(err, UserError):
             raise

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from hf_transformer.errors import HubError
 from hf_transformer.export import DEFAULT_FORMAT, FORMATS, card_formats, folder_format
 
-from .models import positive_int
+from .arguments import positive_int
 
 if TYPE_CHECKING:  # the rest is imported where used, so that `--help` answers at once
     from huggingface_hub import CommitInfo
@@ -43,7 +43,8 @@ def push_source(
     """
     from hf_transformer.hub.push import check_repo_id, find_token, push_folder
 
-    from ..export import export_checkpoint, kept_test_scores
+    from ..checkpoint_export import export_checkpoint, kept_test_scores
+    from ..upgrade import described
 
     source = Path(source)
     check_repo_id(repo_id)
@@ -68,7 +69,7 @@ def push_source(
                 if kept is not None:  # what `hf-transformer test` gave these weights
                     card_info["results"] = kept[0]
                     print(f"Test scores on the model card: {kept[1]}")
-                export_checkpoint(checkpoint, staged, format, **card_info)
+                export_checkpoint(described(checkpoint), staged, format, **card_info)
         except ValueError as err:  # a model Marian cannot express, a folder without the facts of its card
             raise HubError(f"Cannot push {source} as {format}: {err}") from err
         try:
@@ -89,7 +90,7 @@ def push_source(
 def main(argv: list[str]) -> None:
     """`hf-transformer push SOURCE REPO_ID [...]`."""
     args = _push_parser().parse_args(argv)
-    from ..export import read_results  # once --help has answered: it loads torch and Lightning
+    from ..checkpoint_export import read_results  # once --help has answered: it loads torch and Lightning
 
     results = read_results(args.results) if args.results else None
     commit = push_source(
@@ -143,7 +144,7 @@ def _push_parser() -> argparse.ArgumentParser:
 
 
 def _read_checkpoint(path: Path, average: int | None) -> dict[str, Any]:
-    from ..export import checkpoint_to_export
+    from ..checkpoint_export import checkpoint_to_export
 
     try:
         return checkpoint_to_export(path, average)
@@ -172,8 +173,8 @@ def _stage_export_folder(source: Path, staged: Path, format: str, **card_info: A
 def _stage_folder(folder: Path, staged: Path) -> None:
     """A copy of `folder` to push: files hard-linked where possible (weights can be large), the card copied so that
     pointing it at the repo never edits the original."""
-    from hf_transformer.export.folder import link_or_copy
     from hf_transformer.hub.model_card import CARD_NAME
+    from hf_transformer.model_folder import link_or_copy
 
     def link_or_copy_card(src: str, dst: str) -> str:
         return shutil.copy2(src, dst) if Path(src).name == CARD_NAME else link_or_copy(src, dst)

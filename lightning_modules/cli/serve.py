@@ -6,7 +6,7 @@ import warnings
 
 from hf_transformer.errors import MissingExtra
 
-from .models import add_model_arguments, load_engines, positive_int, whole_number
+from .arguments import add_model_arguments, load_engines, positive_int, whole_number
 
 
 def main(argv: list[str]) -> None:
@@ -18,7 +18,7 @@ def main(argv: list[str]) -> None:
         if isinstance(err, MissingExtra):
             raise
         raise MissingExtra(f"serving needs FastAPI and uvicorn: pip install 'hf-transformer[serve]' ({err})") from err
-    from hf_transformer.decoding.translate import SourceTruncatedWarning
+    from hf_transformer.decoding.search import SourceTruncatedWarning
 
     engine = load_engines([args.model, *args.more_models], args.average, args.device, args.ensemble_average)
     # The server answers a cut sentence with a warning of its own (and logs it): not a second one per batch.

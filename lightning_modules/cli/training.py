@@ -25,8 +25,8 @@ from hf_transformer.scoring import format_scores, translation_scores
 from ..callbacks import LineProgress, ResumableCheckpoint
 from ..callbacks.resume import InterruptibleTrainer
 from ..checkpoint import read_checkpoint
+from ..checkpoint_export import keep_test_scores
 from ..data import TranslationDataModule
-from ..export import keep_test_scores
 from ..module import TranslationModule, model_config
 from ..schedules import PAPER_SCHEDULE, Schedule
 from ..upgrade import check_resumable, class_path, upgraded_module_arguments
@@ -360,7 +360,7 @@ class TranslationCLI(LightningCLI):
 
 def ensemble_members(config: Namespace, tokenizer: Any) -> list[TransformerForConditionalGeneration]:
     """The models of --ensemble_with, each checked to share `tokenizer`, the module's (its data's)."""
-    from .models import load_engine
+    from .arguments import load_engine
 
     first = config.ckpt_path or init_args(config.model).init_from
     models = []

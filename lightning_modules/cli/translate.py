@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, TextIO
 
 from hf_transformer.errors import DataError, UserError
 
-from .models import add_model_arguments, load_engines
+from .arguments import add_model_arguments, load_engines
 
 if TYPE_CHECKING:  # torch and the model are imported where used, so that `--help` answers at once
     from hf_transformer.decoding.engine import TranslationEngine
-    from hf_transformer.decoding.translate import Translation
+    from hf_transformer.decoding.search import Translation
 
 # Lines translated together: enough for full token-budget batches, few enough for regular progress lines.
 CHUNK_LINES = 1000
@@ -96,7 +96,7 @@ def _output_file(path: Path) -> Iterator[TextIO]:
     """The file to write the translations into: a temporary file beside `path` that takes its place when the block
     ends without an error, so that a run that fails or is killed leaves an earlier `path` as it was. A device or a pipe
     (/dev/null) is written directly."""
-    from hf_transformer.export.folder import umask_mode
+    from hf_transformer.model_folder import umask_mode
 
     target = Path(os.path.realpath(path))  # through a symbolic link, as open() writes
     try:
@@ -127,7 +127,7 @@ def translate_lines(
 ) -> list[str]:
     """Translate every line of `sources` (standard input when empty) in order, writing each chunk as it is done;
     returns the best translation of each line."""
-    from hf_transformer.decoding.translate import DECODING_MAX_TOKENS, SourceTruncatedWarning, truncation_message
+    from hf_transformer.decoding.search import DECODING_MAX_TOKENS, SourceTruncatedWarning, truncation_message
 
     interactive = not sources and sys.stdin.isatty()
     total = sum(_count_lines(source) for source in sources)

@@ -19,7 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerFast
 
-from hf_transformer.decoding.translate import DECODING_MAX_TOKENS
+from hf_transformer.decoding.search import DECODING_MAX_TOKENS
 from hf_transformer.errors import DataError, why_unwritable
 
 from .batching import ResumableDataLoader, TokenBudgetBatchSampler, TrainingPairFilter, TranslationCollator

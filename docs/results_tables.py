@@ -1,7 +1,7 @@
 """The tables of the results pages and of README's headline table, generated from what the benchmarks wrote in
 `benchmarks/results/*.json`: a number on those pages changes when its JSON does, never by hand.
 
-    python benchmarks/report.py headline      # print one table as Markdown (headline, quality, speed, ...)
+    python docs/results_tables.py headline      # print one table as Markdown (headline, quality, speed, ...)
 
 The documentation build (`docs/conf.py`) calls `table(name)` for each `<!-- generated: table NAME -->` marker, and a
 test checks that README.md holds `table("headline")` as generated.
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 # What the recipe is measured against: the tiny fairseq baseline of Revisit-MMT (github.com/LividWo/Revisit-MMT), the
 # same layout as configs/multi30k.yaml, on test_2016_flickr, in the tokenized, lowercased BLEU that Multi30k papers
 # report (docs/experiments.md says how it was trained).

@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 from hf_transformer.errors import UserError
 from hf_transformer.export import DEFAULT_FORMAT, FORMATS, export_model
-from hf_transformer.hub.model_card import TRAINING_DESCRIPTION, write_model_card
+from hf_transformer.hub.model_card import write_model_card
 
 from .checkpoint import (
     RUN_ID,
@@ -102,16 +102,13 @@ def export_checkpoint(
 ) -> Path:
     """Write the model and the tokenizer of `checkpoint` into `folder` in `format` with that format's `options`, and,
     for the formats that carry one, the model card (the keyword arguments of `write_model_card`: `repo_id`, the test
-    and validation `results`, the W&B run, the compute)."""
+    and validation `results`, the W&B run, the compute). A checkpoint of 0.3 or 0.4 holds no description of its
+    training: pass it through `lightning_modules.upgrade.described` first for a card that has one (the `export` and
+    `push` commands do)."""
     folder = export_model(
         model_from_checkpoint(checkpoint), tokenizer_from_checkpoint(checkpoint), folder, format, **options
     )
     if FORMATS[format].has_card:
-        # A checkpoint of 0.3 or 0.4 holds no description of its training: made from its arguments, upgraded. (Imported
-        # here: `upgrade` imports the training module, whose callbacks import this module.)
-        from .upgrade import describe_training
-
-        checkpoint = {**checkpoint, TRAINING_DESCRIPTION: describe_training(checkpoint)}
         write_model_card(
             folder, checkpoint, format=format, repo_id=repo_id, results=results, wandb_url=wandb_url, compute=compute
         )

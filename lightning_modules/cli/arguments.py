@@ -111,7 +111,7 @@ def load_engine(source: str, average: int | None = None, device: str = "cpu") ->
         return TranslationEngine.from_pretrained(source, device=device)
     # Imported here: Lightning takes seconds to import, and an exported model does not need it.
     from ..checkpoint import model_from_checkpoint, tokenizer_from_checkpoint
-    from ..export import checkpoint_to_export
+    from ..checkpoint_export import checkpoint_to_export
 
     checkpoint = checkpoint_to_export(path, average, report=sys.stderr)  # standard output holds the translations
     model = model_from_checkpoint(checkpoint).to(device)
