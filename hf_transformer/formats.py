@@ -136,7 +136,7 @@ def _resolve(reference: Any) -> Any:
 
 def _our_model_type() -> str:
     """The model type in the config.json of an "hf-transformer" folder (importing the model loads torch)."""
-    from ..model import TransformerConfig
+    from .model import TransformerConfig
 
     return TransformerConfig.model_type
 
