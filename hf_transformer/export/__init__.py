@@ -41,7 +41,8 @@ def positive_int(text: str) -> int:
 @dataclass(frozen=True)
 class ExportOption:
     """An option of a format's writer, `name=value`; `hf-transformer export` takes it as `--name` (dashes for
-    underscores). `type` turns the command line's text into the value (a ValueError says what is wrong with it)."""
+    underscores). `type` turns the command line's text into the value (a ValueError says what is wrong with it);
+    `bool` makes a flag, `--name`, that sets True."""
 
     name: str
     help: str
@@ -104,11 +105,12 @@ class ExportFormat:
             return True
         return _model_type(folder) == (self.model_type() if callable(self.model_type) else self.model_type)
 
-    def load(self, name_or_path: str | Path, device: str = "cpu") -> "TranslationEngine":
-        """The engine that translates with the folder (or Hub repository) `name_or_path` of this format."""
+    def load(self, name_or_path: str | Path, device: str = "cpu", int8: bool | None = None) -> "TranslationEngine":
+        """The engine that translates with the folder (or Hub repository) `name_or_path` of this format (`int8`: with
+        int8 weights, or not; None: as the folder asks)."""
         if self.runtime is None:
             raise ValueError(f"the {self.name} format has no runtime in hf-transformer: {self.runs_elsewhere}")
-        return _resolve(self.runtime)(name_or_path, device=device)
+        return _resolve(self.runtime)(name_or_path, device=device, int8=int8)
 
 
 def _resolve(reference: Any, package: str | None = None) -> Any:
@@ -137,6 +139,14 @@ FORMATS: dict[str, ExportFormat] = {
             "hf-transformer",
             "this model with its code (loads with trust_remote_code=True)",
             "folder:save_model",
+            options=(
+                ExportOption(
+                    "int8",
+                    "make translate and serve decode the folder with int8 weights on the CPU (weights stay float32)",
+                    bool,
+                    default=False,
+                ),
+            ),
             card="folder:HF_TRANSFORMER_CARD",
             files=("config.json", "model.safetensors"),
             model_type=_our_model_type,
