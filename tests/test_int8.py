@@ -32,7 +32,7 @@ def model_and_tokenizer():
 @pytest.fixture(scope="module")
 def sentences(model_and_tokenizer) -> list[str]:
     model, tokenizer = model_and_tokenizer
-    source, mask, _ = copy_task_batch(100, model.config.vocab_size, torch.Generator().manual_seed(1))
+    source, mask, _ = copy_task_batch(64, model.config.vocab_size, torch.Generator().manual_seed(1))
     return [tokenizer.decode(row[keep.bool()][:-1]) for row, keep in zip(source, mask, strict=True)]
 
 
@@ -119,6 +119,12 @@ def test_a_folder_exported_with_int8_loads_back_in_int8_and_elsewhere_as_float32
     assert capsys.readouterr().out.splitlines() == expected
     main(["translate", str(tmp_path / "int8"), str(tmp_path / "in.txt"), "--no-int8"])
     assert capsys.readouterr().out.splitlines() == translate(model, tokenizer, sentences)
+
+    # A CTranslate2 folder: --int8 is CTranslate2's int8 compute type; without it, the type it was exported in.
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed: pip install 'hf-transformer[ctranslate2]'")
+    main(["export", str(tmp_path / "float32"), str(tmp_path / "ct2"), "--format", "ctranslate2"])
+    assert not TranslationEngine.from_pretrained(tmp_path / "ct2").int8
+    assert TranslationEngine.from_pretrained(tmp_path / "ct2", int8=True).int8
 
 
 def test_serve_and_export_take_the_switch(model_and_tokenizer, tmp_path, monkeypatch, capsys):

@@ -107,10 +107,10 @@ class ExportFormat:
 
     def load(self, name_or_path: str | Path, device: str = "cpu", int8: bool | None = None) -> "TranslationEngine":
         """The engine that translates with the folder (or Hub repository) `name_or_path` of this format (`int8`: with
-        int8 weights, or not; None: as the folder asks)."""
+        int8 weights, or not; None: as the folder asks, and a runtime that does not take `int8` is not given it)."""
         if self.runtime is None:
             raise ValueError(f"the {self.name} format has no runtime in hf-transformer: {self.runs_elsewhere}")
-        return _resolve(self.runtime)(name_or_path, device=device, int8=int8)
+        return _resolve(self.runtime)(name_or_path, device=device, **({} if int8 is None else {"int8": int8}))
 
 
 def _resolve(reference: Any, package: str | None = None) -> Any:
