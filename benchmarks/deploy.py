@@ -211,7 +211,7 @@ def main() -> None:
 
     out = Path(args.out)
     report = json.loads(out.read_text()) if out.is_file() else {}
-    if "sizes" not in report:  # results of before 0.5 held one model, without sizes
+    if "sizes" not in report:  # results of 0.4.0 and before held one model, without sizes
         report = {"sizes": {}}
     report.update(ctranslate2_version=ctranslate2.__version__, torch_version=torch.__version__)
     if args.size == "multi30k":

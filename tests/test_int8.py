@@ -103,6 +103,9 @@ def test_a_folder_exported_with_int8_loads_back_in_int8_and_elsewhere_as_float32
     assert not TranslationEngine.from_pretrained(tmp_path / "float32").int8
     expected = translate(model, tokenizer, sentences, int8=True)
     assert [best[0].text for best in engine.translate(sentences)] == expected
+    # The attention maps of the int8 model's translations: distributions over the source tokens.
+    (maps,) = engine.attention(sentences[:1])
+    assert torch.allclose(maps.cross_attentions.sum(-1), torch.ones(()), atol=1e-4)
 
     # Elsewhere: float32 weights that transformers loads as any model's, and decodes with generate().
     weights = load_file(tmp_path / "int8" / "model.safetensors")

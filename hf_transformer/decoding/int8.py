@@ -9,8 +9,8 @@ weights stay float32, so stock transformers loads it as it loads any other). Its
 model's, not equal: the rounding of the weights moves the scores a little, which decides some near ties of the search.
 
 `torch.ao.quantization` is public and kept in the torch this package installs, though PyTorch marks it deprecated in
-favour of torchao; on a CPU, torchao's int8 linear layers (0.18) were slower than these, and than float32 for a single
-sentence (benchmarks/deploy.py's notes and docs/deploying.md).
+favour of torchao. torchao's int8 dynamic quantization (0.18) was tried in its place for issue 96 and was slower on
+the CPU, and it would be one more dependency, which prints failed loads of its GPU kernels on import.
 """
 
 from __future__ import annotations
