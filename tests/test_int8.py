@@ -16,6 +16,7 @@ from hf_transformer import TransformerForConditionalGeneration, translate
 from hf_transformer.decoding import Ensemble
 from hf_transformer.decoding.engine import TranslationEngine
 from hf_transformer.decoding.int8 import INT8_KEY, is_int8, quantize_int8
+from hf_transformer.errors import ConfigError
 from hf_transformer.export import export_model
 from lightning_modules.checkpoint import tokenizer_state
 from lightning_modules.cli import main
@@ -77,6 +78,10 @@ def test_quantizing_copies_the_model_and_leaves_an_int8_one_as_it_is(model_and_t
     assert is_int8(int8) and not is_int8(model)
     assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())
     assert quantize_int8(int8) is int8
+    # It decodes only: a loss is refused in one line that says what to do.
+    source, mask, labels = copy_task_batch(2, model.config.vocab_size, torch.Generator().manual_seed(3))
+    with pytest.raises(ConfigError, match="computes no loss: pass labels to the float32 model"):
+        int8(input_ids=source, attention_mask=mask, labels=labels)
     # translate(int8=True) decodes as the int8 copy does; given an int8 model, int8=True changes nothing.
     assert translate(model, tokenizer, sentences, int8=True) == translate(int8, tokenizer, sentences)
     assert translate(int8, tokenizer, sentences, int8=True) == translate(int8, tokenizer, sentences)

@@ -68,7 +68,17 @@ def quantize_int8(model: GenerationMixin | Ensemble, inplace: bool = False) -> G
             dtype=torch.qint8,
             inplace=True,
         )
+    model.register_forward_pre_hook(refuse_labels, with_kwargs=True)
     return model
+
+
+def refuse_labels(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """An int8 model's output projection has no weight tensor for the loss to read: say so rather than fail inside."""
+    if kwargs.get("labels") is not None:
+        raise ConfigError(
+            "this model holds int8 weights for decoding (quantize_int8) and computes no loss: pass labels to the "
+            "float32 model, and quantize it for decoding after"
+        )
 
 
 __all__ = ["INT8_KEY", "int8_requested", "is_int8", "quantize_int8"]
