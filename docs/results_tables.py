@@ -256,18 +256,40 @@ def decoding_speed() -> str:
 
 
 def deployment() -> str:
-    """Translating 1,000 test sentences with each engine (`benchmarks/deploy.py`)."""
-    deploy = result("deploy")
-    rows = [
-        [
-            f"`{engine}`",
-            f"{numbers['sentences_per_sec']:,.1f}",
-            f"{numbers['bleu']:.2f}",
-            f"{numbers['same_as_translate']:,} of {deploy['sentences']:,}",
-        ]
-        for engine, numbers in deploy["engines"].items()
+    """Translating the test sentences with each engine, at each size and number of threads (`benchmarks/deploy.py`)."""
+    rows = []
+    for size, measured in result("deploy")["sizes"].items():
+        for threads, engines in measured["threads"].items():
+            peer = engines["ctranslate2 int8"]["sentences_per_sec"]
+            for engine, numbers in engines.items():
+                rows.append(
+                    [
+                        f"{size}, {threads} thread{'s' if threads != '1' else ''}",
+                        f"`{engine}`",
+                        f"{numbers['sentences_per_sec']:,.1f}",
+                        f"{numbers['target_tokens_per_sec']:,.0f}",
+                        _x(numbers["sentences_per_sec"] / peer),
+                        f"{numbers['bleu']:.2f}" if "bleu" in numbers else "-",
+                        f"{numbers['same_as_translate_float32']:,} of {measured['sentences']:,}",
+                        f"{numbers['memory_loaded_mib']:,.0f} / {numbers['memory_peak_mib']:,.0f}",
+                    ]
+                )
+    header = [
+        "model, threads",
+        "engine",
+        "sentences/s",
+        "target tokens/s",
+        "against CTranslate2 int8",
+        "sacreBLEU",
+        "same output as translate() float32",
+        "memory, MiB: loaded / peak",
     ]
-    return markdown(["engine", "sentences/s", "sacreBLEU", "same output as translate()"], rows)
+    return markdown(header, rows)
+
+
+def _int8_against_ctranslate2(size: str, threads: str = "1") -> float:
+    engines = result("deploy")["sizes"][size]["threads"][threads]
+    return engines["translate() int8"]["sentences_per_sec"] / engines["ctranslate2 int8"]["sentences_per_sec"]
 
 
 def serving() -> str:
@@ -422,7 +444,6 @@ def headline() -> str:
     speed = result("speed")
     small = next(entry for entry in speed["training"] if entry["size"] == "small")
     batched = speed["generation"]["batched_translate"]
-    deploy = result("deploy")["engines"]
     rows = [
         [
             f"Multi30k en-de test_2016_flickr, sacreBLEU / tokenized lowercased BLEU: {recipe}, "
@@ -443,9 +464,9 @@ def headline() -> str:
             "`python benchmarks/speed.py`",
         ],
         [
-            "CTranslate2 int8 against `translate()` (sentences/s, CPU)",
-            _x(deploy["ctranslate2 int8"]["sentences_per_sec"] / deploy["translate()"]["sentences_per_sec"]),
-            "`python benchmarks/deploy.py --model exports/multi30k`",
+            "`translate(int8=True)` against CTranslate2 int8 (sentences/s, CPU, 1 thread): Multi30k model / base size",
+            f"{_x(_int8_against_ctranslate2('multi30k'))} / {_x(_int8_against_ctranslate2('base'))}",
+            "`python benchmarks/deploy.py multi30k --model exports/multi30k`, `python benchmarks/deploy.py base`",
         ],
     ]
     return markdown(["result", "value", "reproduce"], rows)

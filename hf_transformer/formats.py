@@ -50,7 +50,8 @@ def positive_int(text: str) -> int:
 @dataclass(frozen=True)
 class ExportOption:
     """An option of a format's writer, `name=value`; `hf-transformer export` takes it as `--name` (dashes for
-    underscores). `type` turns the command line's text into the value (a ValueError says what is wrong with it)."""
+    underscores). `type` turns the command line's text into the value (a ValueError says what is wrong with it);
+    `bool` makes a flag, `--name`, that sets True."""
 
     name: str
     help: str
@@ -113,13 +114,14 @@ class ExportFormat:
             return True
         return _model_type(folder) == (self.model_type() if callable(self.model_type) else self.model_type)
 
-    def load(self, name_or_path: str | Path, device: str = "cpu") -> Any:
+    def load(self, name_or_path: str | Path, device: str = "cpu", int8: bool | None = None) -> Any:
         """The engine that translates with the folder (or Hub repository) `name_or_path` of this format: the
         `hf_transformer.decoding.engine.TranslationEngine` its `runtime` returns (not imported here, which the
-        engine imports)."""
+        engine imports). `int8`: with int8 weights, or not; None: as the folder asks, and a runtime that does not take
+        `int8` is not given it."""
         if self.runtime is None:
             raise ValueError(f"the {self.name} format has no runtime in hf-transformer: {self.runs_elsewhere}")
-        return _resolve(self.runtime)(name_or_path, device=device)
+        return _resolve(self.runtime)(name_or_path, device=device, **({} if int8 is None else {"int8": int8}))
 
 
 def _resolve(reference: Any) -> Any:
@@ -148,6 +150,14 @@ FORMATS: dict[str, ExportFormat] = {
             "hf-transformer",
             "this model with its code (loads with trust_remote_code=True)",
             "hf_transformer.export.hf_transformer:save_model",
+            options=(
+                ExportOption(
+                    "int8",
+                    "make translate and serve decode the folder with int8 weights on the CPU (weights stay float32)",
+                    bool,
+                    default=False,
+                ),
+            ),
             card="hf_transformer.export.hf_transformer:HF_TRANSFORMER_CARD",
             files=("config.json", "model.safetensors"),
             model_type=_our_model_type,

@@ -453,23 +453,21 @@ def test_deploy_benchmark_runs_on_a_short_run(run_dir):
     main([*TINY_FIT, "--trainer.max_steps=3", "--model.config.max_position_embeddings=512", "--data.max_tokens=1024"])
     main(["export", "runs/demo/checkpoints/last.ckpt", "exported"])  # it saves beam 2 (tiny.yaml)
     out = run_dir / "deploy.json"
-    # A 3-step model's outputs run to the length limit, which the generate() loop sets by the longest source of its
-    # batch and translate() by each source: batches of one sentence give both the same limit.
-    quick = ("--limit", "4", "--repeats", "1", "--batch-size", "1")
-    run(str(BENCHMARKS / "deploy.py"), "--model", "exported", *quick, "--out", str(out))
-    engines = json.loads(out.read_text())["engines"]
-    assert set(engines) == {"ctranslate2 int8", "ctranslate2 float32", "translate()", "generate() loop"}
-    assert all(entry["sentences_per_sec"] > 0 for entry in engines.values())
+    quick = ("--limit", "4", "--repeats", "1", "--threads", "1")
+    run(str(BENCHMARKS / "deploy.py"), "multi30k", "--model", "exported", *quick, "--out", str(out))
+    measured = json.loads(out.read_text())["sizes"]["multi30k"]
+    engines = measured["threads"]["1"]
+    assert set(engines) == {"translate() float32", "translate() int8", "ctranslate2 float32", "ctranslate2 int8"}
+    assert all(entry["sentences_per_sec"] > 0 and entry["target_tokens_per_sec"] > 0 for entry in engines.values())
+    assert all(entry["memory_loaded_mib"] >= 0 for entry in engines.values())
     # What the results page counts: every engine decodes as translate() does (beam 4, length penalty 0.6, whatever
-    # the model saved), so the generate() loop gives its translations and CTranslate2 float32 too but where two
-    # candidates score within rounding (one sentence of the four); int8 is checked on a trained model in
-    # test_ctranslate2.py.
-    assert engines["translate()"]["same_as_translate"] == 4
-    assert engines["generate() loop"]["same_as_translate"] >= 3
-    assert engines["ctranslate2 float32"]["same_as_translate"] >= 3
+    # the model saved), so CTranslate2 float32 gives its translations but where two candidates score within rounding
+    # (one sentence of the four); int8 is checked on a trained model in test_int8.py and test_ctranslate2.py.
+    assert engines["translate() float32"]["same_as_translate_float32"] == 4
+    assert engines["ctranslate2 float32"]["same_as_translate_float32"] >= 3
     for entry in engines.values():
-        if entry["same_as_translate"] == 4:
-            assert entry["bleu"] == engines["translate()"]["bleu"]
+        if entry["same_as_translate_float32"] == 4:
+            assert entry["bleu"] == engines["translate() float32"]["bleu"]
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from ..model import TransformerConfig, TransformerForConditionalGeneration
 from ..model_folder import check_tokenizer_files
 from .attention_maps import AttentionMaps, attention_maps
 from .ensemble import Average, Ensemble, check_same_tokenizer
+from .int8 import int8_requested, is_int8, quantize_int8
 from .search import DECODING_MAX_TOKENS, Translation, check_decoding_settings, translate
 
 if TYPE_CHECKING:
@@ -51,12 +52,22 @@ class TranslationEngine:
     def engine(self) -> str:
         return "hf-transformer" if self.model is not None else "ctranslate2"
 
+    @property
+    def int8(self) -> bool:
+        """Whether the model decodes with int8 weights."""
+        if self.model is None:
+            return "int8" in self.ctranslate2.translator.compute_type
+        return all(is_int8(model) for model in getattr(self.model, "models", [self.model]))
+
     @classmethod
-    def from_pretrained(cls, name_or_path: str | Path, device: str = "cpu") -> TranslationEngine:
+    def from_pretrained(
+        cls, name_or_path: str | Path, device: str = "cpu", int8: bool | None = None
+    ) -> TranslationEngine:
         """A folder written by `hf-transformer export` or a Hub repository of this package's model, loaded by the
         runtime of its format (`hf_transformer.formats.FORMATS`: the format that recognises the folder by its files;
         a Hub id is this package's model). A folder of a format without a runtime here (ONNX, Marian) is refused,
-        saying where it runs."""
+        saying where it runs. `int8`: decode with int8 weights on the CPU (our model: `quantize_int8`; CTranslate2:
+        its int8 compute type), or not; None: as the folder asks (`export --int8`)."""
         folder = Path(name_or_path)
         format = folder_format(folder)
         if format is None:
@@ -76,11 +87,12 @@ class TranslationEngine:
                 f"run: {format.runs_elsewhere}. To translate here, pass a folder exported with --format "
                 f"{' or '.join(runtime_formats())}, or the checkpoint it came from"
             )
-        return format.load(name_or_path, device=device)
+        return format.load(name_or_path, device=device, int8=int8)
 
     @classmethod
-    def from_model(cls, name_or_path: str | Path, device: str = "cpu") -> TranslationEngine:
-        """The runtime of the "hf-transformer" format: this package's model from a folder or a Hub repository."""
+    def from_model(cls, name_or_path: str | Path, device: str = "cpu", int8: bool | None = None) -> TranslationEngine:
+        """The runtime of the "hf-transformer" format: this package's model from a folder or a Hub repository, with
+        int8 weights where `int8` says so (None: where its generation config asks, as `export --int8` writes)."""
         if (Path(name_or_path) / "config.json").is_file():
             check_tokenizer_files(name_or_path)
         try:
@@ -93,7 +105,10 @@ class TranslationEngine:
                 f"{name_or_path} is no model folder, checkpoint or Hub repository that can be read ({err}). Pass a "
                 "folder written by `hf-transformer export`, a .ckpt file, or a Hub id such as alice/demo."
             ) from err
-        return cls(tokenizer, model=model.to(device).eval(), name=str(name_or_path))
+        model = model.to(device).eval()
+        if int8_requested(model) if int8 is None else int8:
+            model = quantize_int8(model, inplace=True)
+        return cls(tokenizer, model=model, name=str(name_or_path))
 
     @classmethod
     def ensemble(cls, engines: list[TranslationEngine], average: Average = "probabilities") -> TranslationEngine:
@@ -114,13 +129,15 @@ class TranslationEngine:
         return cls(first.tokenizer, model=ensemble, name=" + ".join(names))
 
     @classmethod
-    def from_ctranslate2(cls, folder: str | Path, device: str = "cpu") -> TranslationEngine:
-        """The runtime of the "ctranslate2" format (the optional ctranslate2 package)."""
+    def from_ctranslate2(cls, folder: str | Path, device: str = "cpu", int8: bool | None = None) -> TranslationEngine:
+        """The runtime of the "ctranslate2" format (the optional ctranslate2 package); `int8=True` runs it with
+        CTranslate2's int8 compute type, False in float32, None with the weight type it was exported in."""
         try:
             from .ctranslate2 import CTranslate2Translator
         except ImportError as err:
             raise MissingExtra(f"{folder} is a CTranslate2 model: {err}") from err
-        translator = CTranslate2Translator(folder, device=device)
+        compute_type = "default" if int8 is None else "int8" if int8 else "float32"
+        translator = CTranslate2Translator(folder, device=device, compute_type=compute_type)
         return cls(translator.tokenizer, ctranslate2=translator, name=str(folder))
 
     def check_settings(

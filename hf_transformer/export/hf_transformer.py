@@ -3,7 +3,7 @@ package is not installed, and what its model card says of it."""
 
 from pathlib import Path
 
-from transformers import PreTrainedTokenizerFast
+from transformers import GenerationConfig, PreTrainedTokenizerFast
 
 from ..formats import FormatCard
 from ..model import TransformerForConditionalGeneration
@@ -52,11 +52,26 @@ print(translator([{{ example | tojson }}]))""",
 
 
 def save_model(
-    model: TransformerForConditionalGeneration, tokenizer: PreTrainedTokenizerFast, folder: str | Path
+    model: TransformerForConditionalGeneration,
+    tokenizer: PreTrainedTokenizerFast,
+    folder: str | Path,
+    int8: bool = False,
 ) -> Path:
     """The "hf-transformer" format: the model with its code (`auto_map`), the tokenizer, the generation config and
-    the translation pipeline, as `save_pretrained` writes them."""
+    the translation pipeline, as `save_pretrained` writes them. With `int8`, the generation config asks this package's
+    `translate` and `serve` to decode with int8 weights (`decoding.int8`); the weights are saved in float32 still, so
+    that any tool loads them."""
+    from ..decoding.int8 import INT8_KEY
     from ..model import TranslationPipeline  # imports transformers' pipelines: seconds, only where a folder is saved
 
-    TranslationPipeline(model=model, tokenizer=tokenizer).save_pretrained(folder)
+    saved = model.generation_config
+    if int8:
+        # A config marked as derived from the model's config loads without the fields it does not know: this one is
+        # the model's own.
+        settings = {name: value for name, value in saved.to_dict().items() if name != "_from_model_config"}
+        model.generation_config = GenerationConfig(**settings, **{INT8_KEY: True})
+    try:
+        TranslationPipeline(model=model, tokenizer=tokenizer).save_pretrained(folder)
+    finally:
+        model.generation_config = saved
     return Path(folder)

@@ -16,7 +16,7 @@ def main(argv: list[str]) -> None:
 
     output = Path(args.output)
     _check_image_type(output)
-    engine = load_engines([args.model], args.average, args.device)
+    engine = load_engines([args.model], args.average, args.device, int8=args.int8)
     engine.require_one_model("attention weights")
     engine.check_settings(args.num_beams)
     config = engine.model.config

@@ -90,7 +90,10 @@ def _parser() -> argparse.ArgumentParser:
     for format in FORMATS.values():  # each format's options, as it declares them
         group = parser.add_argument_group(f"with --format {format.name}") if format.options else None
         for option in format.options:
-            if option.name not in added:  # an option that two formats take is one flag
+            if option.name not in added and option.type is bool:
+                added.add(option.name)
+                group.add_argument(f"--{option.name.replace('_', '-')}", action="store_true", help=option.help)
+            elif option.name not in added:  # an option that two formats take is one flag
                 added.add(option.name)
                 group.add_argument(
                     f"--{option.name.replace('_', '-')}",

@@ -20,10 +20,11 @@ def main(argv: list[str]) -> None:
         raise MissingExtra(f"serving needs FastAPI and uvicorn: pip install 'hf-transformer[serve]' ({err})") from err
     from hf_transformer.decoding.search import SourceTruncatedWarning
 
-    engine = load_engines([args.model, *args.more_models], args.average, args.device, args.ensemble_average)
+    engine = load_engines([args.model, *args.more_models], args.average, args.device, args.ensemble_average, args.int8)
     # The server answers a cut sentence with a warning of its own (and logs it): not a second one per batch.
     warnings.filterwarnings("ignore", category=SourceTruncatedWarning)
-    print(f"Serving {engine.name} on http://{args.host}:{args.port}/ (API: /translate, /docs)", flush=True)
+    name = f"{engine.name} (int8)" if engine.int8 else engine.name
+    print(f"Serving {name} on http://{args.host}:{args.port}/ (API: /translate, /docs)", flush=True)
     serve(engine, host=args.host, port=args.port, max_sentences=args.max_sentences)
 
 
