@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerFast
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration
 from lightning_modules import TranslationDataModule, TranslationModule
+from lightning_modules.checkpoint import tokenizer_state
 from lightning_modules.data.tokenization import train_bpe_tokenizer
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"  # the quick demo, which tests train in
@@ -296,3 +297,18 @@ def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
+
+
+def write_checkpoint(model: TransformerForConditionalGeneration, tokenizer, path: Path) -> Path:
+    """`model` and `tokenizer` at `path` as training writes a checkpoint (weights, config, tokenizer)."""
+    torch.save(
+        {
+            "state_dict": {f"model.{name}": tensor for name, tensor in model.state_dict().items()},
+            "hf_config": model.config.to_dict(),
+            "generation_config": model.generation_config.to_dict(),
+            "tokenizer": tokenizer_state(tokenizer),
+            "global_step": 1,
+        },
+        path,
+    )
+    return path

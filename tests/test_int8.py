@@ -9,7 +9,14 @@ import json
 
 import pytest
 import torch
-from conftest import copy_task_batch, equal_fraction, make_tiny_config, trained_model, word_tokenizer
+from conftest import (
+    copy_task_batch,
+    equal_fraction,
+    make_tiny_config,
+    trained_model,
+    word_tokenizer,
+    write_checkpoint,
+)
 from safetensors.torch import load_file
 
 from hf_transformer import TransformerForConditionalGeneration, translate
@@ -18,7 +25,6 @@ from hf_transformer.decoding.engine import TranslationEngine
 from hf_transformer.decoding.int8 import INT8_KEY, is_int8, quantize_int8
 from hf_transformer.errors import ConfigError
 from hf_transformer.export import export_model
-from lightning_modules.checkpoint import tokenizer_state
 from lightning_modules.cli import main
 
 
@@ -146,17 +152,7 @@ def test_serve_and_export_take_the_switch(model_and_tokenizer, tmp_path, monkeyp
     assert f"Serving {tmp_path / 'float32'} (int8) on http://127.0.0.1:8000/" in capsys.readouterr().out
 
     # `export --int8` writes the request into the folder, for the hf-transformer format only.
-    checkpoint = tmp_path / "model.ckpt"
-    torch.save(
-        {
-            "state_dict": {f"model.{name}": tensor for name, tensor in model.state_dict().items()},
-            "hf_config": model.config.to_dict(),
-            "generation_config": model.generation_config.to_dict(),
-            "tokenizer": tokenizer_state(tokenizer),
-            "global_step": 1,
-        },
-        checkpoint,
-    )
+    checkpoint = write_checkpoint(model, tokenizer, tmp_path / "model.ckpt")
     main(["export", str(checkpoint), str(tmp_path / "exported"), "--int8"])
     assert TranslationEngine.from_pretrained(tmp_path / "exported").int8
     capsys.readouterr()

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DEMO, make_tiny_config, word_tokenizer
+from conftest import DEMO, make_tiny_config, word_tokenizer, write_checkpoint
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, TranslationPipeline, translate
 from hf_transformer.decoding import SourceTruncatedWarning, beam_search, translate_hypotheses
 from hf_transformer.decoding.attention_maps import alignment, attention_maps, format_alignment
 from hf_transformer.decoding.engine import TranslationEngine
 from hf_transformer.errors import TranslationInputError
-from lightning_modules.checkpoint import tokenizer_state
 from lightning_modules.cli import main
 
 SENTENCES = ["two men play music on the grass", "a dog", "ein hund rennt", "a dog runs on the grass"]
@@ -243,21 +242,6 @@ def checkpoint(tiny_tokenizer, tmp_path) -> Path:
     model = tiny_model(tiny_tokenizer, max_position_embeddings=24)
     model.generation_config.update(num_beams=3, length_penalty=0.6)
     return write_checkpoint(model, tiny_tokenizer, tmp_path / "model.ckpt")
-
-
-def write_checkpoint(model: TransformerForConditionalGeneration, tokenizer, path: Path) -> Path:
-    """`model` and `tokenizer` at `path` as training writes a checkpoint (weights, config, tokenizer)."""
-    torch.save(
-        {
-            "state_dict": {f"model.{name}": tensor for name, tensor in model.state_dict().items()},
-            "hf_config": model.config.to_dict(),
-            "generation_config": model.generation_config.to_dict(),
-            "tokenizer": tokenizer_state(tokenizer),
-            "global_step": 1,
-        },
-        path,
-    )
-    return path
 
 
 def reference_model(checkpoint: Path):
