@@ -141,6 +141,18 @@ def test_a_folder_exported_with_int8_loads_back_in_int8_and_elsewhere_as_float32
     assert TranslationEngine.from_pretrained(tmp_path / "ct2", int8=True).int8
 
 
+def test_a_folder_that_asks_for_int8_decodes_in_float32_on_another_device(model_and_tokenizer, tmp_path):
+    """`export --int8` asks for int8 where int8 kernels run, the CPU: the same folder served on a GPU loads in float32
+    rather than failing; int8 asked for by the caller on another device is refused, naming the fix. (The meta device
+    stands for a GPU: the loading path is the same, and no kernel runs.)"""
+    model, tokenizer = model_and_tokenizer
+    export_model(model, tokenizer, tmp_path / "int8", int8=True)
+    engine = TranslationEngine.from_pretrained(tmp_path / "int8", device="meta")
+    assert not engine.int8 and engine.model.device.type == "meta"
+    with pytest.raises(ConfigError, match="int8 decoding runs on the CPU"):
+        TranslationEngine.from_pretrained(tmp_path / "int8", device="meta", int8=True)
+
+
 def test_serve_and_export_take_the_switch(model_and_tokenizer, tmp_path, monkeypatch, capsys):
     pytest.importorskip("fastapi", reason="serving needs FastAPI: pip install 'hf-transformer[serve]'")
     model, tokenizer = model_and_tokenizer
