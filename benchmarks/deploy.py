@@ -1,7 +1,10 @@
 """Translating on a CPU: `translate()` in float32 and in int8 (`translate(int8=True)`: int8 weights in the linear
-layers, the one speed means it adds) against CTranslate2 float32 and int8, on Multi30k test_2016_flickr (English ->
-German), beam 4, length penalty 0.6, on 1 and 2 threads: sentences/s, target tokens/s, BLEU, agreement with
-`translate()` float32, memory.
+layers) against CTranslate2 float32 and int8, on Multi30k test_2016_flickr (English -> German), beam 4, length penalty
+0.6, on 1 and 2 threads: sentences/s, target tokens/s, BLEU, agreement with `translate()` float32, memory.
+
+Each speed means of `translate()` is measured alone: int8 weights (`translate() int8` against `translate() float32`),
+and the incremental decoding step of `hf_transformer/decoding/incremental.py` (`translate() int8` against
+`translate() int8, forward() per step`, `incremental=False`: the model's forward() at every step, as `generate()`).
 
     MULTI30K_DIR=../shared/data/multi30k python benchmarks/deploy.py multi30k --model exports/multi30k
     MULTI30K_DIR=../shared/data/multi30k python benchmarks/deploy.py base --limit 100
@@ -54,6 +57,12 @@ RESULTS = Path(__file__).resolve().parent / "results" / "deploy.json"
 PAPER = dict(num_beams=4, length_penalty=0.6)
 BASE_VOCABULARY = 32000
 WARM_UP_SENTENCES = 32
+# Our engines: the settings `translate()` gets besides the paper's, and whether the model holds int8 weights.
+OURS = {
+    "translate() float32": ({}, False),
+    "translate() int8": ({}, True),
+    "translate() int8, forward() per step": ({"incremental": False}, True),
+}
 # Between two engines' turns: the threads of the one before stop spinning (OpenMP waits actively for a while).
 PAUSE_SECONDS = 0.5
 
@@ -100,11 +109,12 @@ def serve_engine(
     else:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
         model = TransformerForConditionalGeneration.from_pretrained(folder).eval()
-        if name.endswith("int8"):
+        options, int8 = OURS[name]
+        if int8:
             model = quantize_int8(model, inplace=True)  # as `TranslationEngine(int8=True)` loads it
 
         def run(batch: list[str]) -> list[str]:
-            return translate(model, tokenizer, batch, **settings)
+            return translate(model, tokenizer, batch, **settings, **options)
 
     run(warm_up)  # first calls allocate and pick kernels
     connection.send((status_kib("VmRSS") - before) / 1024)
@@ -177,7 +187,7 @@ def main() -> None:
             tokenizer.save_pretrained(folder)
             settings = dict(PAPER, max_length_offset=0)
             about = {"model": "untrained, d_model 512, 6 + 6 layers, </s> never chosen: output length = source length"}
-        folders = {"translate() float32": folder, "translate() int8": folder}
+        folders = dict.fromkeys(OURS, folder)
         for quantization in ("float32", "int8"):
             path = to_ctranslate2(model, tokenizer, Path(work) / quantization, quantization=quantization)
             folders[f"ctranslate2 {quantization}"] = str(path)

@@ -1,11 +1,12 @@
 """Decoding with several trained models at once, as fairseq (`--path a.pt:b.pt`) and OpenNMT (`-model a.pt b.pt`) do:
 at every step of beam search each model gives its next-token distribution and the search advances on their average.
 
-Beam search (`translate.beam_search`) sees a model through a small object, `ModelDecoder`: it encodes the sources once,
-gives one step's next-token log-probabilities of every row, and keeps and reorders its own key/value cache as the search
-drops final sentences and reorders beams. An `Ensemble` runs one per member, each with its own encoder output and cache
-(the members may differ in size and depth), and combines their log-probabilities row by row, so that one search serves
-one model and an ensemble alike.
+Beam search (`search.beam_search`) sees a model through a small object, `ModelDecoder` (or, for this package's model,
+the faster `IncrementalDecoder` of `incremental.py`): it encodes the sources once, gives one step's next-token
+log-probabilities of every row (or the best few), and keeps and reorders its own key/value cache as the search drops
+final sentences and reorders beams. An `Ensemble` runs one per member, each with its own encoder output and cache (the
+members may differ in size and depth), and combines their log-probabilities row by row, so that one search serves one
+model and an ensemble alike.
 
 The combination rule: by default the mean of the members' probabilities, log((p_1 + ... + p_n) / n), computed as the
 logsumexp of their log-probabilities minus log n (fairseq's); `average="log-probabilities"` takes the mean of their
@@ -25,6 +26,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from ..errors import ConfigError
+from .incremental import IncrementalDecoder
 
 # The special ids that every member must share: the search reads them from one config for all.
 SPECIAL_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
@@ -58,6 +60,10 @@ class ModelDecoder:
             use_cache=True,
         ).logits[:, -1]
         return F.log_softmax(logits.float(), dim=-1)
+
+    def candidates(self, tokens: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The `n` most likely next tokens of every row and their log-probabilities, each [rows, n], best first."""
+        return self.step(tokens).topk(n, dim=-1)
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (those of the sentences still searched) of the encoder output and the cross-attention
@@ -136,12 +142,24 @@ class Ensemble:
 class EnsembleDecoder:
     """An `Ensemble`'s part in beam search: a `ModelDecoder` per member, whose log-probabilities it combines."""
 
-    def __init__(self, ensemble: Ensemble, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_beams: int):
+    def __init__(
+        self,
+        ensemble: Ensemble,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        num_beams: int,
+        incremental: bool = True,
+    ):
         self.ensemble = ensemble
-        self.members = [ModelDecoder(model, input_ids, attention_mask, num_beams) for model in ensemble.models]
+        self.members = [
+            model_decoder(model, input_ids, attention_mask, num_beams, incremental) for model in ensemble.models
+        ]
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.ensemble.combine([member.step(tokens) for member in self.members])
+
+    def candidates(self, tokens: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.step(tokens).topk(n, dim=-1)
 
     def keep(self, rows: torch.Tensor) -> None:
         for member in self.members:
@@ -157,13 +175,31 @@ def as_decodable(model: GenerationMixin | Ensemble | list[GenerationMixin]) -> G
     return Ensemble(model) if isinstance(model, (list, tuple)) else model
 
 
-def decoder(
-    model: GenerationMixin | Ensemble, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_beams: int
-) -> ModelDecoder | EnsembleDecoder:
-    """The part of `model` (one model or an ensemble) in a beam search over these sources."""
-    if isinstance(model, Ensemble):
-        return EnsembleDecoder(model, input_ids, attention_mask, num_beams)
+def model_decoder(
+    model: GenerationMixin,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    num_beams: int,
+    incremental: bool = True,
+) -> ModelDecoder | IncrementalDecoder:
+    """One model's part in a beam search over these sources: an `IncrementalDecoder` for this package's model, unless
+    `incremental` is False, and a `ModelDecoder`, which runs forward() at each step, for any other."""
+    if incremental and IncrementalDecoder.supports(model):
+        return IncrementalDecoder(model, input_ids, attention_mask, num_beams)
     return ModelDecoder(model, input_ids, attention_mask, num_beams)
+
+
+def decoder(
+    model: GenerationMixin | Ensemble,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    num_beams: int,
+    incremental: bool = True,
+) -> ModelDecoder | IncrementalDecoder | EnsembleDecoder:
+    """The part of `model` (one model or an ensemble) in a beam search over these sources (`model_decoder`)."""
+    if isinstance(model, Ensemble):
+        return EnsembleDecoder(model, input_ids, attention_mask, num_beams, incremental)
+    return model_decoder(model, input_ids, attention_mask, num_beams, incremental)
 
 
 # The parts of a tokenizer.json that decide how text becomes ids and back (not truncation and padding, which calls set).

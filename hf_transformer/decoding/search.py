@@ -116,6 +116,7 @@ def translate(
     max_length_offset: int = ...,
     num_return_sequences: None = ...,
     int8: bool = ...,
+    incremental: bool = ...,
 ) -> list[str]: ...
 
 
@@ -131,6 +132,7 @@ def translate(
     max_length_offset: int = ...,
     num_return_sequences: int,
     int8: bool = ...,
+    incremental: bool = ...,
 ) -> list[list[Translation]]: ...
 
 
@@ -146,6 +148,7 @@ def translate(
     max_length_offset: int = MAX_LENGTH_OFFSET,
     num_return_sequences: int | None = None,
     int8: bool = False,
+    incremental: bool = True,
 ) -> list[str] | list[list[Translation]]:
     """Translate `sentences` with `beam_search`, returning translations in the order of the input.
 
@@ -169,6 +172,9 @@ def translate(
     faster, with translations close to float32's but not always equal. The copy is made at each call (seconds for a
     base-size model): to translate many times, make it once with `quantize_int8(model)` and pass that, or load a
     `TranslationEngine` with `int8=True`.
+
+    `incremental=False` decodes through the model's forward() at every step (`beam_search`), as `generate()` does:
+    slower, for comparison.
     """
     check_sentences(sentences)
     model = as_decodable(model)
@@ -189,6 +195,7 @@ def translate(
             length_penalty=length_penalty,
             max_length_offset=max_length_offset,
             num_return_sequences=n_best,
+            incremental=incremental,
         )
         for index, hypotheses in zip(batch, results, strict=True):
             texts = tokenizer.batch_decode([output.token_ids for output in hypotheses], skip_special_tokens=True)
@@ -225,6 +232,7 @@ def beam_search(
     length_penalty: float | None = None,
     max_length_offset: int = MAX_LENGTH_OFFSET,
     num_return_sequences: int = 1,
+    incremental: bool = True,
 ) -> list[list[Hypothesis]]:
     """Beam search over a batch of right-padded sources, returning the `num_return_sequences` best hypotheses of
     each (at most `num_beams`), best first. Each list equals what `model.generate(num_return_sequences=...)` gives for
@@ -238,9 +246,11 @@ def beam_search(
     `generate()`, a final sentence leaves the batch with its rows of the key/value cache, so the other sentences no
     longer pay for it.
 
-    The search sees the model through its `ModelDecoder` (`ensemble.py`), which encodes the sources once and gives each
-    step's log-probabilities; `model` may also be an `Ensemble` (or a list of models), whose members' log-probabilities
-    are averaged at every step.
+    The search sees the model through a decoder (`ensemble.py`), which encodes the sources once and gives each step's
+    best next tokens: for this package's model an `IncrementalDecoder` (`incremental.py`), which runs its layers on the
+    new tokens only; with `incremental=False`, or for a model of another class, a `ModelDecoder`, which runs the model's
+    forward() at each step as `generate()` does (slower; the reference the other is tested against). `model` may also be
+    an `Ensemble` (or a list of models), whose members' log-probabilities are averaged at every step.
     """
     model = as_decodable(model)
     config = model.config
@@ -257,7 +267,7 @@ def beam_search(
         """The flat [sentence * k + beam] row indices of `sentences`."""
         return (sentences[:, None] * k + torch.arange(k, device=device)).flatten()
 
-    decoding = decoder(model, input_ids, attention_mask, k)  # encodes the sources once
+    decoding = decoder(model, input_ids, attention_mask, k, incremental)  # encodes the sources once
 
     sentence_ids = torch.arange(batch_size, device=device)  # which input sentence each active one is
     running = torch.full((batch_size, k, longest), -1, dtype=torch.long, device=device)  # -1: not decoded yet
@@ -271,13 +281,12 @@ def beam_search(
 
     for length in range(1, longest):  # `length` tokens decoded so far, counting the start token
         active = len(sentence_ids)
-        log_probs = decoding.step(running[:, :, length - 1].reshape(-1, 1)).view(active, k, -1)
-        log_probs = log_probs + running_scores[:, :, None]
-        vocab_size = log_probs.shape[-1]
-
-        # The 2k best continuations, so that k remain even if k of them end here.
-        candidate_scores, flat_indices = log_probs.view(active, -1).topk(2 * k)
-        candidate_beams, candidate_tokens = flat_indices // vocab_size, flat_indices % vocab_size
+        # The 2k best continuations, so that k remain even if k of them end here: among the 2k best of each beam.
+        row_scores, row_tokens = decoding.candidates(running[:, :, length - 1].reshape(-1, 1), 2 * k)
+        scores = (row_scores.view(active, k, -1) + running_scores[:, :, None]).view(active, -1)
+        candidate_scores, flat_indices = scores.topk(2 * k)
+        candidate_beams = flat_indices // (2 * k)
+        candidate_tokens = row_tokens.view(active, -1).gather(1, flat_indices)
         candidates = running.gather(1, candidate_beams[:, :, None].expand(-1, -1, longest))
         candidates[:, :, length] = candidate_tokens
         at_max_length = length + 1 >= max_lengths[sentence_ids]

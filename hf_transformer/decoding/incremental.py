@@ -1,0 +1,134 @@
+"""A decoding step of this package's model without its forward(): speed machinery for beam search, beside the paper's
+path in `modeling_transformer.py`, which it calls layer by layer.
+
+`ModelDecoder` (`ensemble.py`) runs the model's forward() at every step, as `generate()` does: Hugging Face's masks,
+checks, output records and cache object for each new token of each row. `IncrementalDecoder` runs the same layers on
+the new tokens only, and changes three things that give the same numbers to float rounding (tested against forward()):
+
+- Encoder-decoder attention reads its keys and values once per sentence, not once per beam: the beams of a sentence
+  are its queries ([sentences, heads, beams, d_k]), so the keys and values of the source are projected once (not
+  `num_beams` times) and a sentence leaving the batch drops one row of them.
+- The self-attention cache is a pair of plain tensors per layer, and the reordering of beams waits for the next step,
+  where the kept rows are selected and the new keys and values joined to them.
+- `candidates` gives each row's n most likely next tokens, computing the projection onto the vocabulary, its
+  log-softmax and top n over a few rows at a time: the search needs no more than 2 * num_beams of each row, and the
+  logits of a whole batch (rows x vocabulary) are never held at once.
+
+Each was measured in `benchmarks/deploy.py` against `ModelDecoder`.
+"""
+
+import torch
+import torch.nn.functional as F
+from transformers import GenerationMixin
+
+from ..model import TransformerForConditionalGeneration
+
+# Rows projected onto the vocabulary at a time by `candidates` on a CPU (logits of 64 rows of a 32,000-token vocabulary
+# are 8 MB): fewer rows at a time paid at the base size in `benchmarks/deploy.py`, and cost nothing at the small one.
+CANDIDATE_ROWS = 64
+
+
+class IncrementalDecoder:
+    """The part of this package's model (`TransformerForConditionalGeneration`) in beam search over a batch of
+    right-padded sources, row sentence * num_beams + beam, with the interface of `ModelDecoder`: `step` (every
+    row's log-probabilities), `candidates` (its best n), `keep` and `reorder`."""
+
+    def __init__(
+        self,
+        model: TransformerForConditionalGeneration,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        num_beams: int,
+    ) -> None:
+        self.model, self.num_beams = model, num_beams
+        self.decoder = model.get_decoder()
+        encoder_states = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        # [sentences, heads, source length, d_k] per layer, one row per sentence.
+        self.cross_attention_cache = [
+            layer.encoder_attn.split_heads(layer.encoder_attn.kv_proj(encoder_states)) for layer in self.decoder.layers
+        ]
+        # [sentences, 1, 1, source length], True = attend; None without padding (sdpa's fastest path).
+        padded = not bool(attention_mask.all())
+        self.cross_attention_mask = attention_mask.bool()[:, None, None, :] if padded else None
+        self.self_attention_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.beam_rows: torch.Tensor | None = None  # the reordering that waits for the next step
+        self.length = 0  # target positions decoded so far
+
+    @staticmethod
+    def supports(model: GenerationMixin) -> bool:
+        """Whether `model` is this package's model (not a model of another class, nor this one's remote code loaded
+        from a folder with `trust_remote_code`, whose layers may differ)."""
+        return isinstance(model, TransformerForConditionalGeneration)
+
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The decoder's output [rows, d_model] at the position of `tokens` ([rows, 1]), which join the cache."""
+        rows = tokens.shape[0]
+        sentences = rows // self.num_beams
+        hidden_states = self.decoder.embed(tokens, None, self.length)  # [rows, 1, d_model]
+        for index, layer in enumerate(self.decoder.layers):
+            attention = layer.self_attn
+            query, key, value = attention.split_heads(
+                attention.qkv_proj(layer.self_attn_add_norm.sublayer_input(hidden_states))
+            )
+            if self.length:
+                cached_keys, cached_values = self.self_attention_cache[index]
+                if self.beam_rows is not None:
+                    cached_keys, cached_values = cached_keys[self.beam_rows], cached_values[self.beam_rows]
+                key, value = torch.cat([cached_keys, key], dim=2), torch.cat([cached_values, value], dim=2)
+                self.self_attention_cache[index] = (key, value)
+            else:
+                self.self_attention_cache.append((key, value))
+            # Every row holds the same positions, all earlier than the query's: nothing to mask.
+            attended = F.scaled_dot_product_attention(query, key, value, scale=attention.scaling)
+            attended = attention.out_proj(attended.transpose(1, 2).reshape(rows, 1, -1))
+            hidden_states = layer.self_attn_add_norm(hidden_states, attended)
+
+            attention = layer.encoder_attn
+            query = attention.q_proj(layer.encoder_attn_add_norm.sublayer_input(hidden_states))
+            # The beams of a sentence as its queries: [sentences, heads, beams, d_k].
+            query = query.view(sentences, self.num_beams, attention.num_heads, attention.head_dim).transpose(1, 2)
+            key, value = self.cross_attention_cache[index]
+            attended = F.scaled_dot_product_attention(
+                query, key, value, attn_mask=self.cross_attention_mask, scale=attention.scaling
+            )
+            attended = attention.out_proj(attended.transpose(1, 2).reshape(rows, 1, -1))
+            hidden_states = layer.encoder_attn_add_norm(hidden_states, attended)
+
+            add_norm = layer.feed_forward_add_norm
+            hidden_states = add_norm(hidden_states, layer.feed_forward(add_norm.sublayer_input(hidden_states)))
+        if self.decoder.layer_norm is not None:
+            hidden_states = self.decoder.layer_norm(hidden_states)
+        self.beam_rows = None
+        self.length += 1
+        return hidden_states[:, -1]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The fp32 log-probabilities [rows, vocabulary] of the next token after `tokens` ([rows, 1])."""
+        return F.log_softmax(self.model.lm_head(self.hidden_states(tokens)).float(), dim=-1)
+
+    def candidates(self, tokens: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The `n` most likely next tokens of every row after `tokens` ([rows, 1]) and their fp32 log-probabilities,
+        each [rows, n], best first: `step(tokens).topk(n)` without the whole batch's logits at once."""
+        hidden_states = self.hidden_states(tokens)
+        # Measured on CPUs; a GPU takes all rows in one launch.
+        rows = CANDIDATE_ROWS if hidden_states.device.type == "cpu" else hidden_states.shape[0]
+        scores, token_ids = [], []
+        for start in range(0, hidden_states.shape[0], rows):
+            logits = self.model.lm_head(hidden_states[start : start + rows])
+            best = F.log_softmax(logits.float(), dim=-1).topk(n, dim=-1)
+            scores.append(best.values)
+            token_ids.append(best.indices)
+        return torch.cat(scores), torch.cat(token_ids)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only `rows`, the rows of whole sentences still searched, in order. The self-attention cache follows at
+        the next `reorder`, whose rows index the rows before this call."""
+        sentences = rows[:: self.num_beams] // self.num_beams
+        self.cross_attention_cache = [(key[sentences], value[sentences]) for key, value in self.cross_attention_cache]
+        if self.cross_attention_mask is not None:
+            self.cross_attention_mask = self.cross_attention_mask[sentences]
+
+    def reorder(self, beam_rows: torch.Tensor) -> None:
+        """Row i of the self-attention cache becomes row `beam_rows[i]`'s (the beam each surviving beam continues),
+        at the next step."""
+        self.beam_rows = beam_rows
