@@ -9,7 +9,7 @@ from conftest import copy_task_batch, make_tiny_config, trained_model
 from hf_transformer import TransformerConfig, translate
 from hf_transformer.decoding import beam_search
 from hf_transformer.decoding.ensemble import Ensemble, ModelDecoder, decoder
-from hf_transformer.decoding.incremental import CANDIDATE_ROWS, IncrementalDecoder
+from hf_transformer.decoding.incremental import CANDIDATE_ROWS, IncrementalDecoder, top_n
 
 
 def copying_model(**overrides) -> torch.nn.Module:
@@ -68,6 +68,23 @@ def test_the_candidates_are_the_best_of_each_rows_log_probabilities_over_several
     expected = log_probs.topk(5, dim=-1)
     torch.testing.assert_close(scores, expected.values)
     assert torch.equal(token_ids, expected.indices)
+
+
+@pytest.mark.parametrize("columns", [300, 384, 1000, 32000])
+def test_the_top_n_through_the_blocks_maxima_are_the_rows_top_n(columns):
+    """Whole blocks and a partial last one, the best scores packed into one block or spread over many, and ties."""
+    generator = torch.Generator().manual_seed(columns)
+    scores = torch.randn(40, columns, generator=generator)
+    scores[0, 5:13] += 10.0  # the 8 best in one block
+    scores[1, -3:] += 10.0  # in the last, partial block
+    scores[2] = scores[2].round()  # many ties
+    scores[3, : columns // 2] = float("-inf")
+    columns_found = top_n(scores, 8, block=128)
+    expected = scores.topk(8, dim=-1)
+    assert torch.equal(scores.gather(1, columns_found), expected.values)
+    untied = [row for row in range(40) if row != 2]
+    assert torch.equal(columns_found[untied], expected.indices[untied])
+    assert torch.equal(top_n(scores[:, :64], 8), scores[:, :64].topk(8).indices)  # fewer blocks than n: plain top-k
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])

@@ -12,9 +12,11 @@ the new tokens only, and changes three things that give the same numbers to floa
   where the kept rows are selected and the new keys and values joined to them.
 - `candidates` gives each row's n most likely next tokens, computing the projection onto the vocabulary, its
   log-softmax and top n over a few rows at a time: the search needs no more than 2 * num_beams of each row, and the
-  logits of a whole batch (rows x vocabulary) are never held at once.
+  logits of a whole batch (rows x vocabulary) are never held at once. The top n of a row is searched for only in the
+  blocks of the vocabulary that can hold it (`top_n`).
 
-Each was measured in `benchmarks/deploy.py` against `ModelDecoder`.
+`benchmarks/deploy.py` measures the whole against `ModelDecoder` (`translate(..., incremental=False)`); each part was
+measured alone on the benchmark's two models while this was written, and kept where it paid.
 """
 
 import torch
@@ -24,8 +26,26 @@ from transformers import GenerationMixin
 from ..model import TransformerForConditionalGeneration
 
 # Rows projected onto the vocabulary at a time by `candidates` on a CPU (logits of 64 rows of a 32,000-token vocabulary
-# are 8 MB): fewer rows at a time paid at the base size in `benchmarks/deploy.py`, and cost nothing at the small one.
+# are 8 MB): the whole batch at once ran slower at the base size, and no faster at the small one.
 CANDIDATE_ROWS = 64
+
+
+def top_n(scores: torch.Tensor, n: int, block: int = 128) -> torch.Tensor:
+    """The columns of the `n` highest scores of each row of `scores` [rows, columns], highest first: `topk(n).indices`
+    but for the order of equal scores. The n highest lie in the n blocks of `block` columns whose maxima are highest
+    (any other block holds nothing above those n maxima), so the top n is taken over those blocks and the last,
+    partial one only, after one pass over the row for the maxima."""
+    rows, columns = scores.shape
+    whole = columns // block
+    if whole <= n:
+        return scores.topk(n, dim=-1).indices
+    maxima = scores[:, : whole * block].view(rows, whole, block).amax(dim=-1)
+    starts = maxima.topk(n, dim=-1).indices * block  # [rows, n]
+    candidates = (starts[:, :, None] + torch.arange(block, device=scores.device)).flatten(1)
+    rest = torch.arange(whole * block, columns, device=scores.device).expand(rows, -1)
+    candidates = torch.cat([candidates, rest], dim=1)
+    best = scores.gather(1, candidates).topk(n, dim=-1).indices
+    return candidates.gather(1, best)
 
 
 class IncrementalDecoder:
@@ -72,8 +92,9 @@ class IncrementalDecoder:
             )
             if self.length:
                 cached_keys, cached_values = self.self_attention_cache[index]
-                if self.beam_rows is not None:
-                    cached_keys, cached_values = cached_keys[self.beam_rows], cached_values[self.beam_rows]
+                if self.beam_rows is not None:  # index_select: a copy of whole rows, faster than indexing
+                    cached_keys = cached_keys.index_select(0, self.beam_rows)
+                    cached_values = cached_values.index_select(0, self.beam_rows)
                 key, value = torch.cat([cached_keys, key], dim=2), torch.cat([cached_values, value], dim=2)
                 self.self_attention_cache[index] = (key, value)
             else:
@@ -104,20 +125,24 @@ class IncrementalDecoder:
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """The fp32 log-probabilities [rows, vocabulary] of the next token after `tokens` ([rows, 1])."""
-        return F.log_softmax(self.model.lm_head(self.hidden_states(tokens)).float(), dim=-1)
+        return self.log_probs(self.hidden_states(tokens))
+
+    def log_probs(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The fp32 log-probabilities over the vocabulary of the decoder's output `hidden_states` [rows, d_model]."""
+        return F.log_softmax(self.model.lm_head(hidden_states).float(), dim=-1)
 
     def candidates(self, tokens: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The `n` most likely next tokens of every row after `tokens` ([rows, 1]) and their fp32 log-probabilities,
         each [rows, n], best first: `step(tokens).topk(n)` without the whole batch's logits at once."""
         hidden_states = self.hidden_states(tokens)
-        # Measured on CPUs; a GPU takes all rows in one launch.
-        rows = CANDIDATE_ROWS if hidden_states.device.type == "cpu" else hidden_states.shape[0]
+        if hidden_states.device.type != "cpu":  # both means below were measured on CPUs
+            return self.log_probs(hidden_states).topk(n, dim=-1)
         scores, token_ids = [], []
-        for start in range(0, hidden_states.shape[0], rows):
-            logits = self.model.lm_head(hidden_states[start : start + rows])
-            best = F.log_softmax(logits.float(), dim=-1).topk(n, dim=-1)
-            scores.append(best.values)
-            token_ids.append(best.indices)
+        for start in range(0, hidden_states.shape[0], CANDIDATE_ROWS):
+            logits = self.model.lm_head(hidden_states[start : start + CANDIDATE_ROWS]).float()
+            best = top_n(logits, n)
+            scores.append(F.log_softmax(logits, dim=-1).gather(1, best))
+            token_ids.append(best)
         return torch.cat(scores), torch.cat(token_ids)
 
     def keep(self, rows: torch.Tensor) -> None:
