@@ -9,7 +9,7 @@ the new tokens only, and changes three things that give the same numbers to floa
   are its queries ([sentences, heads, beams, d_k]), so the keys and values of the source are projected once (not
   `num_beams` times) and a sentence leaving the batch drops one row of them.
 - The self-attention cache is a pair of plain tensors per layer, and the reordering of beams waits for the next step,
-  where the kept rows are selected and the new keys and values joined to them.
+  where the kept rows are copied into a new tensor with the new keys and values after them, in one copy.
 - `candidates` gives each row's n most likely next tokens, computing the projection onto the vocabulary, its
   log-softmax and top n over a few rows at a time: the search needs no more than 2 * num_beams of each row, and the
   logits of a whole batch (rows x vocabulary) are never held at once. The top n of a row is searched for only in the
@@ -92,10 +92,7 @@ class IncrementalDecoder:
             )
             if self.length:
                 cached_keys, cached_values = self.self_attention_cache[index]
-                if self.beam_rows is not None:  # index_select: a copy of whole rows, faster than indexing
-                    cached_keys = cached_keys.index_select(0, self.beam_rows)
-                    cached_values = cached_values.index_select(0, self.beam_rows)
-                key, value = torch.cat([cached_keys, key], dim=2), torch.cat([cached_values, value], dim=2)
+                key, value = self.joined(cached_keys, key), self.joined(cached_values, value)
                 self.self_attention_cache[index] = (key, value)
             else:
                 self.self_attention_cache.append((key, value))
@@ -122,6 +119,18 @@ class IncrementalDecoder:
         self.beam_rows = None
         self.length += 1
         return hidden_states[:, -1]
+
+    def joined(self, cached: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """The cached keys (or values) [rows, heads, length, d_k] of the beam each row continues, then `new`
+        [rows, heads, 1, d_k]: written into one new tensor, each cached row copied once (`index_select`, which copies
+        whole rows, faster than indexing)."""
+        joined = new.new_empty(*new.shape[:2], self.length + 1, new.shape[3])
+        if self.beam_rows is None:
+            joined[:, :, : self.length] = cached
+        else:
+            torch.index_select(cached, 0, self.beam_rows, out=joined[:, :, : self.length])
+        joined[:, :, self.length :] = new
+        return joined
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """The fp32 log-probabilities [rows, vocabulary] of the next token after `tokens` ([rows, 1])."""
