@@ -4,9 +4,9 @@ candidates, and the same translations, post-LN and pre-LN, padded or not, alone 
 
 import pytest
 import torch
-from conftest import copy_task_batch, make_tiny_config, trained_model
+from conftest import TINY_MODEL, copy_task_batch, make_tiny_config, trained_model
 
-from hf_transformer import TransformerConfig, translate
+from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, translate
 from hf_transformer.decoding import beam_search
 from hf_transformer.decoding.ensemble import Ensemble, ModelDecoder, decoder
 from hf_transformer.decoding.incremental import CANDIDATE_ROWS, IncrementalDecoder, top_n
@@ -116,21 +116,22 @@ def test_a_model_of_another_class_decodes_through_its_forward(model):
     through its forward(): its layers may differ from this package's."""
     from transformers import MarianConfig, MarianMTModel
 
-    marian = MarianMTModel(
-        MarianConfig(
-            vocab_size=64,
-            d_model=16,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=32,
-            decoder_ffn_dim=32,
-            decoder_start_token_id=0,
-            pad_token_id=0,
-        )
-    ).eval()
+    marian = MarianMTModel(MarianConfig(vocab_size=64, decoder_start_token_id=0, pad_token_id=0, **TINY_MODEL)).eval()
     input_ids, attention_mask = sources(2, seed=6)
     assert isinstance(decoder(model, input_ids, attention_mask, 2), IncrementalDecoder)
     assert type(decoder(model, input_ids, attention_mask, 2, incremental=False)) is ModelDecoder
     assert type(decoder(marian, input_ids, attention_mask, 2)) is ModelDecoder
+
+
+def test_a_vocabulary_smaller_than_twice_the_beams_is_searched_whole():
+    """Each beam offers at most the vocabulary's tokens: 6 tokens and 4 beams (8 wanted per beam) decode through both
+    steps alike."""
+    torch.manual_seed(0)
+    config = TransformerConfig(**{**make_tiny_config().to_dict(), "vocab_size": 6})
+    small = TransformerForConditionalGeneration(config).double().eval()
+    input_ids, attention_mask = torch.tensor([[4, 5, 2], [5, 2, 0]]), torch.tensor([[1, 1, 1], [1, 1, 0]])
+    settings = dict(num_beams=4, num_return_sequences=4, max_length_offset=3)
+    ours = beam_search(small, input_ids, attention_mask, **settings)
+    reference = beam_search(small, input_ids, attention_mask, incremental=False, **settings)
+    assert [[h.token_ids for h in n_best] for n_best in ours] == [[h.token_ids for h in n_best] for n_best in reference]
+    assert all(len(n_best) == 4 for n_best in ours)

@@ -268,6 +268,7 @@ def beam_search(
         return (sentences[:, None] * k + torch.arange(k, device=device)).flatten()
 
     decoding = decoder(model, input_ids, attention_mask, k, incremental)  # encodes the sources once
+    per_beam = min(2 * k, config.vocab_size)  # each beam's best tokens; a vocabulary may be smaller than 2k
 
     sentence_ids = torch.arange(batch_size, device=device)  # which input sentence each active one is
     running = torch.full((batch_size, k, longest), -1, dtype=torch.long, device=device)  # -1: not decoded yet
@@ -282,10 +283,10 @@ def beam_search(
     for length in range(1, longest):  # `length` tokens decoded so far, counting the start token
         active = len(sentence_ids)
         # The 2k best continuations, so that k remain even if k of them end here: among the 2k best of each beam.
-        row_scores, row_tokens = decoding.candidates(running[:, :, length - 1].reshape(-1, 1), 2 * k)
+        row_scores, row_tokens = decoding.candidates(running[:, :, length - 1].reshape(-1, 1), per_beam)
         scores = (row_scores.view(active, k, -1) + running_scores[:, :, None]).view(active, -1)
         candidate_scores, flat_indices = scores.topk(2 * k)
-        candidate_beams = flat_indices // (2 * k)
+        candidate_beams = flat_indices // per_beam
         candidate_tokens = row_tokens.view(active, -1).gather(1, flat_indices)
         candidates = running.gather(1, candidate_beams[:, :, None].expand(-1, -1, longest))
         candidates[:, :, length] = candidate_tokens
