@@ -3,8 +3,11 @@ layers) against CTranslate2 float32 and int8, on Multi30k test_2016_flickr (Engl
 0.6, on 1 and 2 threads: sentences/s, target tokens/s, BLEU, agreement with `translate()` float32, memory.
 
 Each speed means of `translate()` is measured alone: int8 weights (`translate() int8` against `translate() float32`),
-and the incremental decoding step of `hf_transformer/decoding/incremental.py` (`translate() int8` against
-`translate() int8, forward() per step`, `incremental=False`: the model's forward() at every step, as `generate()`).
+the incremental decoding step of `hf_transformer/decoding/incremental.py` (`translate() int8` against
+`translate() int8, forward() per step`, `incremental=False`: the model's forward() at every step, as `generate()`),
+and a lexical shortlist (`translate() int8 + shortlist` against `translate() int8`), learnt from Multi30k's training
+pairs as `hf-transformer shortlist` learns it. CTranslate2 decodes with the same shortlist as its vocabulary map
+(`ctranslate2 int8 + shortlist`, `use_vmap`), which it applies per batch: the union of the batch's lists.
 
     MULTI30K_DIR=../shared/data/multi30k python benchmarks/deploy.py multi30k --model exports/multi30k
     MULTI30K_DIR=../shared/data/multi30k python benchmarks/deploy.py base --limit 100
@@ -35,6 +38,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -51,6 +55,7 @@ from transformers import PreTrainedTokenizerFast
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, translate
 from hf_transformer.decoding.ctranslate2 import CTranslate2Translator
 from hf_transformer.decoding.int8 import quantize_int8
+from hf_transformer.decoding.shortlist import Shortlist, build_shortlist
 from hf_transformer.export.ctranslate2 import to_ctranslate2
 
 RESULTS = Path(__file__).resolve().parent / "results" / "deploy.json"
@@ -62,6 +67,13 @@ OURS = {
     "translate() float32": ({}, False),
     "translate() int8": ({}, True),
     "translate() int8, forward() per step": ({"incremental": False}, True),
+    "translate() int8 + shortlist": ({"shortlist": True}, True),
+}
+# CTranslate2's engines: the weight type of the folder and whether it decodes with the shortlist (its vocabulary map).
+CTRANSLATE2 = {
+    "ctranslate2 float32": ("float32", False),
+    "ctranslate2 int8": ("int8", False),
+    "ctranslate2 int8 + shortlist": ("int8", True),
 }
 # Between two engines' turns: the threads of the one before stop spinning (OpenMP waits actively for a while).
 PAUSE_SECONDS = 0.5
@@ -92,6 +104,13 @@ def base_model_and_tokenizer() -> tuple[TransformerForConditionalGeneration, Pre
     return model, tokenizer
 
 
+def build_training_shortlist(tokenizer: PreTrainedTokenizerFast, config: TransformerConfig) -> Shortlist:
+    """The shortlist of Multi30k's training pairs (English -> German), as `hf-transformer shortlist` learns it."""
+    sources = tokenizer(read_split("train", "en"), add_special_tokens=False).input_ids
+    targets = tokenizer(read_split("train", "de"), add_special_tokens=False).input_ids
+    return build_shortlist(list(zip(sources, targets, strict=True)), config.vocab_size, always=[config.eos_token_id])
+
+
 def serve_engine(
     connection: Connection, name: str, folder: str, settings: dict, threads: int, warm_up: list[str]
 ) -> None:
@@ -101,8 +120,9 @@ def serve_engine(
     None, when it sends the most memory it held above what the process held before loading (VmHWM)."""
     torch.set_num_threads(threads)
     before = status_kib("VmRSS")
-    if name.startswith("ctranslate2"):
-        translator = CTranslate2Translator(folder, device="cpu", intra_threads=threads)
+    if name in CTRANSLATE2:
+        vocabulary_map = CTRANSLATE2[name][1]
+        translator = CTranslate2Translator(folder, vocabulary_map, device="cpu", intra_threads=threads)
 
         def run(batch: list[str]) -> list[str]:
             return translator(batch, **settings)
@@ -112,6 +132,8 @@ def serve_engine(
         options, int8 = OURS[name]
         if int8:
             model = quantize_int8(model, inplace=True)  # as `TranslationEngine(int8=True)` loads it
+        if options.get("shortlist"):
+            options = dict(options, shortlist=Shortlist.from_pretrained(folder))
 
         def run(batch: list[str]) -> list[str]:
             return translate(model, tokenizer, batch, **settings, **options)
@@ -187,10 +209,22 @@ def main() -> None:
             tokenizer.save_pretrained(folder)
             settings = dict(PAPER, max_length_offset=0)
             about = {"model": "untrained, d_model 512, 6 + 6 layers, </s> never chosen: output length = source length"}
-        folders = dict.fromkeys(OURS, folder)
-        for quantization in ("float32", "int8"):
-            path = to_ctranslate2(model, tokenizer, Path(work) / quantization, quantization=quantization)
-            folders[f"ctranslate2 {quantization}"] = str(path)
+        # The shortlist, learnt from the training pairs, in a copy of the folder (not written into --model's).
+        shortlisted = Path(work) / "shortlisted"
+        shutil.copytree(folder, shortlisted)
+        shortlist = build_training_shortlist(tokenizer, model.config)
+        shortlist.save_pretrained(shortlisted)
+        folders = {
+            name: str(shortlisted) if options.get("shortlist") else folder for name, (options, _) in OURS.items()
+        }
+        for name, (quantization, _) in CTRANSLATE2.items():
+            if (Path(work) / quantization).is_dir():
+                folders[name] = folders[f"ctranslate2 {quantization}"]
+                continue
+            path = to_ctranslate2(
+                model, tokenizer, Path(work) / quantization, quantization=quantization, shortlist=shortlist
+            )
+            folders[name] = str(path)
         parameters = sum(parameter.numel() for parameter in model.parameters())
         vocabulary = model.config.vocab_size
         del model

@@ -114,14 +114,15 @@ class ExportFormat:
             return True
         return _model_type(folder) == (self.model_type() if callable(self.model_type) else self.model_type)
 
-    def load(self, name_or_path: str | Path, device: str = "cpu", int8: bool | None = None) -> Any:
+    def load(self, name_or_path: str | Path, device: str = "cpu", int8: bool | None = None, **options: Any) -> Any:
         """The engine that translates with the folder (or Hub repository) `name_or_path` of this format: the
         `hf_transformer.decoding.engine.TranslationEngine` its `runtime` returns (not imported here, which the
         engine imports). `int8`: with int8 weights, or not; None: as the folder asks, and a runtime that does not take
-        `int8` is not given it."""
+        `int8` is not given it; `options`: what the runtimes take besides (`shortlist`)."""
         if self.runtime is None:
             raise ValueError(f"the {self.name} format has no runtime in hf-transformer: {self.runs_elsewhere}")
-        return _resolve(self.runtime)(name_or_path, device=device, **({} if int8 is None else {"int8": int8}))
+        int8_option = {} if int8 is None else {"int8": int8}
+        return _resolve(self.runtime)(name_or_path, device=device, **int8_option, **options)
 
 
 def _resolve(reference: Any) -> Any:

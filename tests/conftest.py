@@ -128,6 +128,19 @@ def trained_model(config: TransformerConfig, steps: int = 60) -> TransformerForC
     return model.eval()
 
 
+def copying_model(**overrides) -> TransformerForConditionalGeneration:
+    """A `trained_model` of the tiny config (with `overrides`), in float64 so that two orders of the same sums give the
+    same search (no near ties within float64 rounding)."""
+    config = TransformerConfig(**{**make_tiny_config().to_dict(), **overrides})
+    return trained_model(config).double()
+
+
+def padded_sources(size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded sources of the copy task, of different lengths: input ids and attention mask."""
+    source, attention_mask, _ = copy_task_batch(size, 64, torch.Generator().manual_seed(seed))
+    return source.masked_fill(attention_mask == 0, 0), attention_mask
+
+
 def parts_only_at_near_ties(
     model: TransformerForConditionalGeneration,
     source: list[int],

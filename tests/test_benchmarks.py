@@ -461,8 +461,10 @@ def test_deploy_benchmark_runs_on_a_short_run(run_dir):
         "translate() float32",
         "translate() int8",
         "translate() int8, forward() per step",
+        "translate() int8 + shortlist",
         "ctranslate2 float32",
         "ctranslate2 int8",
+        "ctranslate2 int8 + shortlist",
     }
     assert all(entry["sentences_per_sec"] > 0 and entry["target_tokens_per_sec"] > 0 for entry in engines.values())
     assert all(entry["memory_loaded_mib"] >= 0 for entry in engines.values())

@@ -21,6 +21,7 @@ from conftest import (
 
 from hf_transformer import TransformerForConditionalGeneration, translate
 from hf_transformer.decoding.search import beam_search
+from hf_transformer.errors import ConfigError
 from lightning_modules.checkpoint import load_checkpoint, model_from_checkpoint, tokenizer_from_checkpoint
 from lightning_modules.cli import main
 
@@ -171,3 +172,33 @@ def test_export_command_writes_a_ctranslate2_model_from_a_checkpoint_or_a_folder
     with pytest.raises(SystemExit):
         main(["export", checkpoint_path, "marian", "--format", "marian", "--quantization", "int8"])
     assert "--quantization applies to --format ctranslate2 only" in capsys.readouterr().err
+
+
+def test_a_shortlist_goes_along_as_the_vocabulary_map_and_bounds_the_outputs(model_and_tokenizer, sources, tmp_path):
+    """Exported with a shortlist, CTranslate2 decodes with it as its vocabulary map (`use_vmap`, where the folder has
+    one): each output holds only tokens of its source's list, when each source is its own batch."""
+    from hf_transformer.decoding import Shortlist
+    from hf_transformer.decoding.engine import TranslationEngine
+    from hf_transformer.export import export_folder
+
+    model, tokenizer = model_and_tokenizer
+    _, _, rows = sources
+    tokens = torch.arange(model.config.vocab_size)
+    # Each token translates to the next one; </s> and tokens 3-10 are always listed.
+    shortlist = Shortlist(((tokens + 1) % len(tokens))[:, None], torch.tensor([2, *range(3, 11)]))
+    folder = to_ctranslate2(model, tokenizer, tmp_path / "ct2", shortlist=shortlist)
+    assert (folder / "vmap.txt").is_file()
+    translator = CTranslate2Translator(folder)
+    assert translator.vocabulary_map
+    for row in rows[:20]:
+        (output,) = translator.generate([row], num_beams=2)
+        assert set(output) <= set(shortlist.listed(torch.tensor(row)).tolist())
+    assert not TranslationEngine.from_pretrained(folder, shortlist=False).ctranslate2.vocabulary_map
+    # Converting a folder that holds a shortlist carries it along.
+    model.save_pretrained(tmp_path / "ours")
+    tokenizer.save_pretrained(tmp_path / "ours")
+    shortlist.save_pretrained(tmp_path / "ours")
+    converted = export_folder(tmp_path / "ours", tmp_path / "converted", "ctranslate2")
+    assert (converted / "vmap.txt").read_text() == (folder / "vmap.txt").read_text()
+    with pytest.raises(ConfigError, match="has no vocabulary map"):
+        CTranslate2Translator(to_ctranslate2(model, tokenizer, tmp_path / "plain"), vocabulary_map=True)

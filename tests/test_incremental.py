@@ -4,19 +4,12 @@ candidates, and the same translations, post-LN and pre-LN, padded or not, alone 
 
 import pytest
 import torch
-from conftest import TINY_MODEL, copy_task_batch, make_tiny_config, trained_model
+from conftest import TINY_MODEL, copying_model, make_tiny_config, padded_sources
 
 from hf_transformer import TransformerConfig, TransformerForConditionalGeneration, translate
 from hf_transformer.decoding import beam_search
 from hf_transformer.decoding.ensemble import Ensemble, ModelDecoder, decoder
 from hf_transformer.decoding.incremental import CANDIDATE_ROWS, IncrementalDecoder, top_n
-
-
-def copying_model(**overrides) -> torch.nn.Module:
-    """A model trained for a few steps to copy its input, in float64 so that two orders of the same sums give the
-    same search (no near ties within float64 rounding)."""
-    config = TransformerConfig(**{**make_tiny_config().to_dict(), **overrides})
-    return trained_model(config).double()
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["post-LN", "pre-LN"])
@@ -25,15 +18,9 @@ def model(request):
     return copying_model(normalize_before=request.param)
 
 
-def sources(size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded sources of different lengths."""
-    source, attention_mask, _ = copy_task_batch(size, 64, torch.Generator().manual_seed(seed))
-    return source.masked_fill(attention_mask == 0, 0), attention_mask
-
-
 @torch.inference_mode()
 def test_each_step_gives_the_log_probabilities_of_forward_through_reorders_and_dropped_sentences(model):
-    input_ids, attention_mask = sources(6, seed=1)
+    input_ids, attention_mask = padded_sources(6, seed=1)
     beams = 3
     ours = IncrementalDecoder(model, input_ids, attention_mask, beams)
     reference = ModelDecoder(model, input_ids, attention_mask, beams)
@@ -61,7 +48,7 @@ def test_each_step_gives_the_log_probabilities_of_forward_through_reorders_and_d
 
 @torch.inference_mode()
 def test_the_candidates_are_the_best_of_each_rows_log_probabilities_over_several_chunks_of_rows(model):
-    input_ids, attention_mask = sources(CANDIDATE_ROWS + 5, seed=3)  # more rows than one chunk of the projection
+    input_ids, attention_mask = padded_sources(CANDIDATE_ROWS + 5, seed=3)  # more rows than one chunk of the projection
     start = torch.full((input_ids.shape[0], 1), model.config.decoder_start_token_id)
     log_probs = IncrementalDecoder(model, input_ids, attention_mask, 1).step(start)
     scores, token_ids = IncrementalDecoder(model, input_ids, attention_mask, 1).candidates(start, 5)
@@ -89,7 +76,7 @@ def test_the_top_n_through_the_blocks_maxima_are_the_rows_top_n(columns):
 
 @pytest.mark.parametrize("num_beams", [1, 4])
 def test_translations_and_scores_equal_those_of_forward_at_every_step(model, num_beams):
-    input_ids, attention_mask = sources(9, seed=4)
+    input_ids, attention_mask = padded_sources(9, seed=4)
     settings = dict(num_beams=num_beams, num_return_sequences=num_beams, max_length_offset=5)
     ours = beam_search(model, input_ids, attention_mask, **settings)
     reference = beam_search(model, input_ids, attention_mask, incremental=False, **settings)
@@ -102,7 +89,7 @@ def test_translations_and_scores_equal_those_of_forward_at_every_step(model, num
 def test_an_ensemble_of_this_packages_models_decodes_incrementally_with_the_same_translations(model, tiny_tokenizer):
     torch.manual_seed(1)
     other = copying_model(normalize_before=model.config.normalize_before, decoder_layers=1)
-    input_ids, attention_mask = sources(4, seed=5)
+    input_ids, attention_mask = padded_sources(4, seed=5)
     members = decoder(Ensemble([model, other]), input_ids, attention_mask, 2).members
     assert all(isinstance(member, IncrementalDecoder) for member in members)
     sentences = ["a dog runs on the grass", "two men play music", "ein hund"]
@@ -117,7 +104,7 @@ def test_a_model_of_another_class_decodes_through_its_forward(model):
     from transformers import MarianConfig, MarianMTModel
 
     marian = MarianMTModel(MarianConfig(vocab_size=64, decoder_start_token_id=0, pad_token_id=0, **TINY_MODEL)).eval()
-    input_ids, attention_mask = sources(2, seed=6)
+    input_ids, attention_mask = padded_sources(2, seed=6)
     assert isinstance(decoder(model, input_ids, attention_mask, 2), IncrementalDecoder)
     assert type(decoder(model, input_ids, attention_mask, 2, incremental=False)) is ModelDecoder
     assert type(decoder(marian, input_ids, attention_mask, 2)) is ModelDecoder

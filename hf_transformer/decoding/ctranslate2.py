@@ -11,6 +11,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, GenerationConfig
 
+from ..errors import ConfigError
 from ..model.configuration_transformer import MAX_LENGTH_OFFSET, max_new_tokens
 from .search import DECODING_MAX_TOKENS, check_decoding_settings, check_sentences, prepare_sources
 
@@ -32,9 +33,18 @@ class CTranslate2Translator:
     `max_length_offset` output tokens. Greedy decoding gives the same tokens as ours. CTranslate2's beam search ends a
     sentence once it has `num_beams` finished hypotheses, which is `generate(early_stopping=True)`; `translate()` and
     `generate()` by default also wait until no running beam can beat them, so a few outputs may differ.
-    `options` go to `ctranslate2.Translator` (device, compute_type such as "int8", intra_threads, ...)."""
+    `options` go to `ctranslate2.Translator` (device, compute_type such as "int8", intra_threads, ...).
+    `vocabulary_map`: decode with the folder's vocabulary map (`vmap.txt`, a `Shortlist` exported along), or not;
+    None: where the folder has one."""
 
-    def __init__(self, folder: str | Path, **options) -> None:
+    def __init__(self, folder: str | Path, vocabulary_map: bool | None = None, **options) -> None:
+        has_map = (Path(folder) / "vmap.txt").is_file()
+        if vocabulary_map and not has_map:
+            raise ConfigError(
+                f"{folder} has no vocabulary map (vmap.txt): export it from a folder with a shortlist "
+                "(`hf-transformer shortlist`), or leave the shortlist off"
+            )
+        self.vocabulary_map = has_map if vocabulary_map is None else vocabulary_map
         self.translator = ctranslate2.Translator(str(folder), **options)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.generation_config = GenerationConfig.from_pretrained(folder)
@@ -95,6 +105,7 @@ class CTranslate2Translator:
                 min_decoding_length=0,  # CTranslate2 defaults to 1, which forbids an empty translation
                 max_decoding_length=max_new_tokens(length, max_positions, max_length_offset),
                 max_batch_size=max(1, max_tokens // (num_beams * length)),
+                use_vmap=self.vocabulary_map,
             )
             for index, result in zip(indices, results, strict=True):
                 outputs[index] = self.tokenizer.convert_tokens_to_ids(result.hypotheses[0])

@@ -18,6 +18,7 @@ from .attention_maps import AttentionMaps, attention_maps
 from .ensemble import Average, Ensemble, check_same_tokenizer
 from .int8 import int8_requested, is_int8, quantize_int8
 from .search import DECODING_MAX_TOKENS, Translation, check_decoding_settings, translate
+from .shortlist import SHORTLIST_FILE, Shortlist
 
 if TYPE_CHECKING:
     from .ctranslate2 import CTranslate2Translator
@@ -37,10 +38,14 @@ class TranslationEngine:
         model: TransformerForConditionalGeneration | Ensemble | None = None,
         ctranslate2: CTranslate2Translator | None = None,
         name: str = "",
+        shortlist: Shortlist | None = None,
     ) -> None:
         if (model is None) == (ctranslate2 is None):
             raise ValueError("Pass exactly one of model and ctranslate2.")
+        if shortlist is not None and not isinstance(model, TransformerForConditionalGeneration):
+            raise UserError("a shortlist decodes one model of this package, not an ensemble: drop it")
         self.tokenizer, self.model, self.ctranslate2, self.name = tokenizer, model, ctranslate2, name
+        self.shortlist = shortlist
         self.generation_config: GenerationConfig = (
             model.generation_config if model is not None else ctranslate2.generation_config
         )
@@ -61,13 +66,15 @@ class TranslationEngine:
 
     @classmethod
     def from_pretrained(
-        cls, name_or_path: str | Path, device: str = "cpu", int8: bool | None = None
+        cls, name_or_path: str | Path, device: str = "cpu", int8: bool | None = None, shortlist: bool | None = None
     ) -> TranslationEngine:
         """A folder written by `hf-transformer export` or a Hub repository of this package's model, loaded by the
         runtime of its format (`hf_transformer.formats.FORMATS`: the format that recognises the folder by its files;
         a Hub id is this package's model). A folder of a format without a runtime here (ONNX, Marian) is refused,
         saying where it runs. `int8`: decode with int8 weights on the CPU (our model: `quantize_int8`; CTranslate2:
-        its int8 compute type), or not; None: as the folder asks (`export --int8`)."""
+        its int8 compute type), or not; None: as the folder asks (`export --int8`). `shortlist`: decode with the
+        folder's `Shortlist` (`hf-transformer shortlist`; CTranslate2: its vocabulary map), or not; None: where the
+        folder has one."""
         folder = Path(name_or_path)
         format = folder_format(folder)
         if format is None:
@@ -87,13 +94,15 @@ class TranslationEngine:
                 f"run: {format.runs_elsewhere}. To translate here, pass a folder exported with --format "
                 f"{' or '.join(runtime_formats())}, or the checkpoint it came from"
             )
-        return format.load(name_or_path, device=device, int8=int8)
+        return format.load(name_or_path, device=device, int8=int8, shortlist=shortlist)
 
     @classmethod
-    def from_model(cls, name_or_path: str | Path, device: str = "cpu", int8: bool | None = None) -> TranslationEngine:
+    def from_model(
+        cls, name_or_path: str | Path, device: str = "cpu", int8: bool | None = None, shortlist: bool | None = None
+    ) -> TranslationEngine:
         """The runtime of the "hf-transformer" format: this package's model from a folder or a Hub repository, with
         int8 weights where `int8` says so (None: where its generation config asks, as `export --int8` writes, and the
-        device is the CPU)."""
+        device is the CPU), and the folder's `Shortlist` where `shortlist` says so (None: where the folder has one)."""
         if (Path(name_or_path) / "config.json").is_file():
             check_tokenizer_files(name_or_path)
         try:
@@ -111,7 +120,11 @@ class TranslationEngine:
         # decodes in float32. Asked for by the caller, int8 elsewhere is refused, naming the fix (`quantize_int8`).
         if int8 or (int8 is None and int8_requested(model) and model.device.type == "cpu"):
             model = quantize_int8(model, inplace=True)
-        return cls(tokenizer, model=model, name=str(name_or_path))
+        has_shortlist = (Path(name_or_path) / SHORTLIST_FILE).is_file()
+        lexical = (
+            Shortlist.from_pretrained(name_or_path) if shortlist or (shortlist is None and has_shortlist) else None
+        )
+        return cls(tokenizer, model=model, name=str(name_or_path), shortlist=lexical)
 
     @classmethod
     def ensemble(cls, engines: list[TranslationEngine], average: Average = "probabilities") -> TranslationEngine:
@@ -132,15 +145,18 @@ class TranslationEngine:
         return cls(first.tokenizer, model=ensemble, name=" + ".join(names))
 
     @classmethod
-    def from_ctranslate2(cls, folder: str | Path, device: str = "cpu", int8: bool | None = None) -> TranslationEngine:
+    def from_ctranslate2(
+        cls, folder: str | Path, device: str = "cpu", int8: bool | None = None, shortlist: bool | None = None
+    ) -> TranslationEngine:
         """The runtime of the "ctranslate2" format (the optional ctranslate2 package); `int8=True` runs it with
-        CTranslate2's int8 compute type, False in float32, None with the weight type it was exported in."""
+        CTranslate2's int8 compute type, False in float32, None with the weight type it was exported in. `shortlist`:
+        with the folder's vocabulary map (a shortlist exported along), or not; None: where it has one."""
         try:
             from .ctranslate2 import CTranslate2Translator
         except ImportError as err:
             raise MissingExtra(f"{folder} is a CTranslate2 model: {err}") from err
         compute_type = "default" if int8 is None else "int8" if int8 else "float32"
-        translator = CTranslate2Translator(folder, device=device, compute_type=compute_type)
+        translator = CTranslate2Translator(folder, vocabulary_map=shortlist, device=device, compute_type=compute_type)
         return cls(translator.tokenizer, ctranslate2=translator, name=str(folder))
 
     def check_settings(
@@ -190,7 +206,12 @@ class TranslationEngine:
         settings = dict(num_beams=num_beams, length_penalty=length_penalty, max_tokens=max_tokens)
         if self.model is not None:
             return translate(
-                self.model, self.tokenizer, sentences, num_return_sequences=num_return_sequences, **settings
+                self.model,
+                self.tokenizer,
+                sentences,
+                num_return_sequences=num_return_sequences,
+                shortlist=self.shortlist,
+                **settings,
             )
         return [[Translation(text, float("nan"), [])] for text in self.ctranslate2(sentences, **settings)]
 

@@ -27,6 +27,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from ..errors import ConfigError
 from .incremental import IncrementalDecoder
+from .shortlist import Shortlist
 
 # The special ids that every member must share: the search reads them from one config for all.
 SPECIAL_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
@@ -181,11 +182,18 @@ def model_decoder(
     attention_mask: torch.Tensor,
     num_beams: int,
     incremental: bool = True,
+    shortlist: Shortlist | None = None,
 ) -> ModelDecoder | IncrementalDecoder:
     """One model's part in a beam search over these sources: an `IncrementalDecoder` for this package's model, unless
-    `incremental` is False, and a `ModelDecoder`, which runs forward() at each step, for any other."""
+    `incremental` is False, and a `ModelDecoder`, which runs forward() at each step, for any other. A `shortlist`
+    needs the first."""
     if incremental and IncrementalDecoder.supports(model):
-        return IncrementalDecoder(model, input_ids, attention_mask, num_beams)
+        return IncrementalDecoder(model, input_ids, attention_mask, num_beams, shortlist)
+    if shortlist is not None:
+        raise ConfigError(
+            "a shortlist decodes one model of this package (TransformerForConditionalGeneration) with "
+            f"incremental=True: drop the shortlist for {type(model).__name__}"
+        )
     return ModelDecoder(model, input_ids, attention_mask, num_beams)
 
 
@@ -195,11 +203,16 @@ def decoder(
     attention_mask: torch.Tensor,
     num_beams: int,
     incremental: bool = True,
+    shortlist: Shortlist | None = None,
 ) -> ModelDecoder | IncrementalDecoder | EnsembleDecoder:
     """The part of `model` (one model or an ensemble) in a beam search over these sources (`model_decoder`)."""
     if isinstance(model, Ensemble):
+        if shortlist is not None:
+            raise ConfigError(
+                "a shortlist decodes one model, not an ensemble: drop the shortlist, or all models but one"
+            )
         return EnsembleDecoder(model, input_ids, attention_mask, num_beams, incremental)
-    return model_decoder(model, input_ids, attention_mask, num_beams, incremental)
+    return model_decoder(model, input_ids, attention_mask, num_beams, incremental, shortlist)
 
 
 # The parts of a tokenizer.json that decide how text becomes ids and back (not truncation and padding, which calls set).

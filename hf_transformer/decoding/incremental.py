@@ -13,17 +13,22 @@ the new tokens only, and changes three things that give the same numbers to floa
 - `candidates` gives each row's n most likely next tokens, computing the projection onto the vocabulary, its
   log-softmax and top n over a few rows at a time: the search needs no more than 2 * num_beams of each row, and the
   logits of a whole batch (rows x vocabulary) are never held at once. The top n of a row is searched for only in the
-  blocks of the vocabulary that can hold it (`top_n`).
+  blocks of the vocabulary that can hold it (`top_n`). With a `Shortlist` (`shortlist.py`), each sentence's rows are
+  projected onto its own list of target tokens only, and normalized over them.
 
 `benchmarks/deploy.py` measures the whole against `ModelDecoder` (`translate(..., incremental=False)`); each part was
 measured alone on the benchmark's two models while this was written, and kept where it paid.
 """
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from transformers import GenerationMixin
 
+from ..errors import ConfigError
 from ..model import TransformerForConditionalGeneration
+from .shortlist import ListedGroup, Shortlist, listed_groups
 
 # Rows projected onto the vocabulary at a time by `candidates` on a CPU (logits of 64 rows of a 32,000-token vocabulary
 # are 8 MB): the whole batch at once ran slower at the base size, and no faster at the small one.
@@ -59,6 +64,7 @@ class IncrementalDecoder:
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         num_beams: int,
+        shortlist: Shortlist | None = None,
     ) -> None:
         self.model, self.num_beams = model, num_beams
         self.decoder = model.get_decoder()
@@ -73,6 +79,26 @@ class IncrementalDecoder:
         self.self_attention_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.beam_rows: torch.Tensor | None = None  # the reordering that waits for the next step
         self.length = 0  # target positions decoded so far
+        # With a shortlist: the batch's sentences in groups of those whose rows `candidates` projects at once, each
+        # group projected onto the union of its sentences' lists (`listed_groups`); a group shrinks as its sentences
+        # end, and keeps its projection.
+        self.shortlist: list[ListedGroup] | None = None
+        if shortlist is not None:
+            if shortlist.vocab_size != model.config.vocab_size:
+                raise ConfigError(
+                    f"the shortlist covers {shortlist.vocab_size} tokens and the model's vocabulary "
+                    f"{model.config.vocab_size}: build the model's own with `hf-transformer shortlist`"
+                )
+            self.shortlist = listed_groups(
+                shortlist, input_ids, attention_mask, model.lm_head, self.rows_at_once // num_beams
+            )
+            fewest = min(int(group.excluded.isfinite().sum(dim=-1).min()) for group in self.shortlist)
+            if fewest < 2 * num_beams:
+                raise ConfigError(
+                    f"the shortlist gives a sentence only {fewest} target tokens, and beam search "
+                    f"with {num_beams} beams takes {2 * num_beams} candidates from each beam: build it with more "
+                    "frequent tokens"
+                )
 
     @staticmethod
     def supports(model: GenerationMixin) -> bool:
@@ -137,18 +163,51 @@ class IncrementalDecoder:
         return self.log_probs(self.hidden_states(tokens))
 
     def log_probs(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """The fp32 log-probabilities over the vocabulary of the decoder's output `hidden_states` [rows, d_model]."""
-        return F.log_softmax(self.model.lm_head(hidden_states).float(), dim=-1)
+        """The fp32 log-probabilities over the vocabulary of the decoder's output `hidden_states` [rows, d_model];
+        with a shortlist, -inf outside each sentence's list."""
+        if self.shortlist is None:
+            return F.log_softmax(self.model.lm_head(hidden_states).float(), dim=-1)
+        full = hidden_states.new_full((hidden_states.shape[0], self.model.config.vocab_size), -torch.inf).float()
+        for group, rows in self.shortlisted_rows():
+            full[rows].index_copy_(1, group.tokens, self.shortlisted(group, hidden_states[rows]))
+        return full
+
+    @property
+    def rows_at_once(self) -> int:
+        """The rows `candidates` projects onto the vocabulary at a time on a CPU: whole sentences' beams."""
+        return max(CANDIDATE_ROWS // self.num_beams, 1) * self.num_beams
+
+    def shortlisted_rows(self) -> Iterator[tuple[ListedGroup, slice]]:
+        """Each shortlist group that still holds sentences, and the slice of the batch's rows that are its beams."""
+        start = 0
+        for group in self.shortlist:
+            end = start + group.excluded.shape[0] * self.num_beams
+            if end > start:
+                yield group, slice(start, end)
+            start = end
+
+    def shortlisted(self, group: ListedGroup, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The fp32 log-probabilities [rows, the group's tokens] after the decoder's output `hidden_states` for the
+        beams of the group's sentences: normalized over each sentence's list, -inf outside it."""
+        logits = group.projection(hidden_states).float().view(group.excluded.shape[0], self.num_beams, -1)
+        return F.log_softmax(logits + group.excluded, dim=-1).flatten(0, 1)
 
     def candidates(self, tokens: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The `n` most likely next tokens of every row after `tokens` ([rows, 1]) and their fp32 log-probabilities,
         each [rows, n], best first: `step(tokens).topk(n)` without the whole batch's logits at once."""
         hidden_states = self.hidden_states(tokens)
-        if hidden_states.device.type != "cpu":  # both means below were measured on CPUs
+        if hidden_states.device.type != "cpu":  # the means below were measured on CPUs
             return self.log_probs(hidden_states).topk(n, dim=-1)
         scores, token_ids = [], []
-        for start in range(0, hidden_states.shape[0], CANDIDATE_ROWS):
-            logits = self.model.lm_head(hidden_states[start : start + CANDIDATE_ROWS]).float()
+        if self.shortlist is not None:
+            for group, rows in self.shortlisted_rows():
+                log_probs = self.shortlisted(group, hidden_states[rows])
+                best = top_n(log_probs, n)
+                scores.append(log_probs.gather(1, best))
+                token_ids.append(group.tokens[best])
+            return torch.cat(scores), torch.cat(token_ids)
+        for start in range(0, hidden_states.shape[0], self.rows_at_once):
+            logits = self.model.lm_head(hidden_states[start : start + self.rows_at_once]).float()
             best = top_n(logits, n)
             scores.append(F.log_softmax(logits, dim=-1).gather(1, best))
             token_ids.append(best)
@@ -161,6 +220,14 @@ class IncrementalDecoder:
         self.cross_attention_cache = [(key[sentences], value[sentences]) for key, value in self.cross_attention_cache]
         if self.cross_attention_mask is not None:
             self.cross_attention_mask = self.cross_attention_mask[sentences]
+        if self.shortlist is not None:  # each group keeps the rows of its sentences that remain
+            start, groups = 0, []
+            for group in self.shortlist:
+                end = start + group.excluded.shape[0]
+                remaining = sentences[(sentences >= start) & (sentences < end)] - start
+                groups.append(group._replace(excluded=group.excluded[remaining]))
+                start = end
+            self.shortlist = groups
 
     def reorder(self, beam_rows: torch.Tensor) -> None:
         """Row i of the self-attention cache becomes row `beam_rows[i]`'s (the beam each surviving beam continues),

@@ -13,6 +13,7 @@ from ..model.configuration_transformer import MAX_LENGTH_OFFSET, max_new_tokens
 from ..token_budget import pack_token_budget
 from .ensemble import Ensemble, as_decodable, decoder
 from .int8 import quantize_int8
+from .shortlist import Shortlist
 
 # The token budget of a decoding batch (source tokens x beams, padding included), of every tool that translates.
 DECODING_MAX_TOKENS = 8192
@@ -117,6 +118,7 @@ def translate(
     num_return_sequences: None = ...,
     int8: bool = ...,
     incremental: bool = ...,
+    shortlist: Shortlist | None = ...,
 ) -> list[str]: ...
 
 
@@ -133,6 +135,7 @@ def translate(
     num_return_sequences: int,
     int8: bool = ...,
     incremental: bool = ...,
+    shortlist: Shortlist | None = ...,
 ) -> list[list[Translation]]: ...
 
 
@@ -149,6 +152,7 @@ def translate(
     num_return_sequences: int | None = None,
     int8: bool = False,
     incremental: bool = True,
+    shortlist: Shortlist | None = None,
 ) -> list[str] | list[list[Translation]]:
     """Translate `sentences` with `beam_search`, returning translations in the order of the input.
 
@@ -175,6 +179,10 @@ def translate(
 
     `incremental=False` decodes through the model's forward() at every step (`beam_search`), as `generate()` does:
     slower, for comparison.
+
+    With a `shortlist` (`Shortlist.from_pretrained(folder)`, built by `hf-transformer shortlist`), each sentence is
+    scored over its own few hundred likely target tokens instead of the whole vocabulary (`shortlist.py`): faster, with
+    translations close to the full model's, made of the list's tokens only. One model of this package only.
     """
     check_sentences(sentences)
     model = as_decodable(model)
@@ -196,6 +204,7 @@ def translate(
             max_length_offset=max_length_offset,
             num_return_sequences=n_best,
             incremental=incremental,
+            shortlist=shortlist,
         )
         for index, hypotheses in zip(batch, results, strict=True):
             texts = tokenizer.batch_decode([output.token_ids for output in hypotheses], skip_special_tokens=True)
@@ -233,6 +242,7 @@ def beam_search(
     max_length_offset: int = MAX_LENGTH_OFFSET,
     num_return_sequences: int = 1,
     incremental: bool = True,
+    shortlist: Shortlist | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search over a batch of right-padded sources, returning the `num_return_sequences` best hypotheses of
     each (at most `num_beams`), best first. Each list equals what `model.generate(num_return_sequences=...)` gives for
@@ -250,7 +260,8 @@ def beam_search(
     best next tokens: for this package's model an `IncrementalDecoder` (`incremental.py`), which runs its layers on the
     new tokens only; with `incremental=False`, or for a model of another class, a `ModelDecoder`, which runs the model's
     forward() at each step as `generate()` does (slower; the reference the other is tested against). `model` may also be
-    an `Ensemble` (or a list of models), whose members' log-probabilities are averaged at every step.
+    an `Ensemble` (or a list of models), whose members' log-probabilities are averaged at every step. A `shortlist`
+    restricts each sentence's next tokens to its list (`shortlist.py`; one model of this package).
     """
     model = as_decodable(model)
     config = model.config
@@ -267,7 +278,7 @@ def beam_search(
         """The flat [sentence * k + beam] row indices of `sentences`."""
         return (sentences[:, None] * k + torch.arange(k, device=device)).flatten()
 
-    decoding = decoder(model, input_ids, attention_mask, k, incremental)  # encodes the sources once
+    decoding = decoder(model, input_ids, attention_mask, k, incremental, shortlist)  # encodes the sources once
     per_beam = min(2 * k, config.vocab_size)  # each beam's best tokens; a vocabulary may be smaller than 2k
 
     sentence_ids = torch.arange(batch_size, device=device)  # which input sentence each active one is

@@ -51,9 +51,10 @@ def export_folder(
 ) -> Path:
     """Convert the folder `source`, written by `export`, into `format` in `folder`; its model card, if it has one, is
     rendered again for that format (for `repo_id`, the repository its usage snippet loads, with `results` added and
-    `wandb_url` set)."""
+    `wandb_url` set). Its shortlist (`hf-transformer shortlist`) goes along into a CTranslate2 folder."""
     from transformers import PreTrainedTokenizerFast
 
+    from ..decoding.shortlist import SHORTLIST_FILE, Shortlist
     from ..hub.model_card import rewrite_model_card
     from ..model import TransformerForConditionalGeneration
     from ..model_folder import check_model_folder
@@ -61,7 +62,12 @@ def export_folder(
     chosen = checked_format(format, options)  # before the model is loaded
     check_model_folder(source)
     model = TransformerForConditionalGeneration.from_pretrained(source)
-    folder = export_model(model, PreTrainedTokenizerFast.from_pretrained(source), folder, format, **options)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
+    folder = export_model(model, tokenizer, folder, format, **options)
+    if format == "ctranslate2" and (Path(source) / SHORTLIST_FILE).is_file():
+        from .ctranslate2 import write_vocabulary_map
+
+        write_vocabulary_map(Shortlist.from_pretrained(source), tokenizer, folder)
     if chosen.has_card:
         rewrite_model_card(source, folder, format=format, repo_id=repo_id, results=results, wandb_url=wandb_url)
     return folder

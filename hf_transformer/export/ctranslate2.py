@@ -14,12 +14,15 @@ from __future__ import annotations
 import copy
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import PreTrainedTokenizerBase
 
 from ..model import TransformerForConditionalGeneration
 from .marian import to_marian
+
+if TYPE_CHECKING:
+    from ..decoding.shortlist import Shortlist
 
 try:
     from ctranslate2.converters.transformers import BartLoader
@@ -29,7 +32,7 @@ except ImportError as err:
         "(or pip install ctranslate2)."
     ) from err
 
-__all__ = ["QUANTIZATIONS", "to_ctranslate2"]
+__all__ = ["QUANTIZATIONS", "to_ctranslate2", "write_vocabulary_map"]
 
 # What `quantization` may be: CTranslate2's weight types (`ctranslate2.converters.Converter.convert`).
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
@@ -41,10 +44,12 @@ def to_ctranslate2(
     folder: str | Path,
     *,
     quantization: str | None = None,
+    shortlist: Shortlist | None = None,
 ) -> Path:
     """Write a CTranslate2 model of `model` into `folder`, with the tokenizer and the generation config that
     `hf_transformer.decoding.ctranslate2.CTranslate2Translator` reads. `quantization` (e.g. "int8") sets the stored
-    weight type; None keeps float32.
+    weight type; None keeps float32. A `shortlist` goes along as CTranslate2's vocabulary map (`vmap.txt`), which its
+    runtime uses with `use_vmap` (per batch: the union of its sentences' lists).
     Raises ValueError for models Marian cannot express (pre-LN) and for a tokenizer that does not fit the model."""
     if quantization not in (None, *QUANTIZATIONS):
         raise ValueError(f"Unknown quantization {quantization!r}: use one of {', '.join(QUANTIZATIONS)}, or none.")
@@ -71,12 +76,23 @@ def to_ctranslate2(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     spec.save(str(folder))
+    if shortlist is not None:
+        write_vocabulary_map(shortlist, tokenizer, folder)
     # `translate()` cuts sources and outputs at the model's number of positions: the tokenizer carries it along.
     tokenizer = copy.deepcopy(tokenizer)
     tokenizer.model_max_length = model.config.max_position_embeddings
     tokenizer.save_pretrained(folder)
     model.generation_config.save_pretrained(folder)
     return folder
+
+
+def write_vocabulary_map(shortlist: Shortlist, tokenizer: PreTrainedTokenizerBase, folder: str | Path) -> Path:
+    """Write `shortlist` into the CTranslate2 model `folder` as its vocabulary map (`vmap.txt`, which CTranslate2's
+    converter would copy there from `--vocab_mapping`)."""
+    tokens = [token for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])]
+    path = Path(folder) / "vmap.txt"
+    path.write_text(shortlist.vocabulary_map(tokens), encoding="utf-8")
+    return path
 
 
 def __getattr__(name: str) -> Any:

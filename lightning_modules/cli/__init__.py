@@ -28,6 +28,7 @@ commands:
   translate  translate files or standard input, one sentence per line, with a model or checkpoint
   attention  draw the attention weights of a translation as heatmaps, tokens on the axes
   serve      a web page to try a model and a JSON API (POST /translate) on 127.0.0.1
+  shortlist  learn which target tokens each source token may translate to, for faster translate and serve
 
 `hf-transformer COMMAND --help` lists a command's options. Errors print one message; add --traceback (or set
 HF_TRANSFORMER_TRACEBACK=1) to see where one came from."""
@@ -40,6 +41,7 @@ COMMANDS = {
     "translate": ".translate",
     "attention": ".attention",
     "serve": ".serve",
+    "shortlist": ".shortlist",
 }
 # Commands that are gone, and what does their work now.
 REPLACED = {

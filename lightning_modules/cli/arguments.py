@@ -19,9 +19,10 @@ MODEL_HELP = (
 )
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, ensembles: str | None = None) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser, ensembles: str | None = None, shortlist: bool = True) -> None:
     """MODEL and the options of loading it. `ensembles`: how the command takes more models as an ensemble (its help),
-    which adds --ensemble-average; None: the command takes one."""
+    which adds --ensemble-average; None: the command takes one. `shortlist`: whether it offers --shortlist (a
+    command that runs beam search)."""
     parser.add_argument("model", metavar="MODEL", help=MODEL_HELP + (f". {ensembles}" if ensembles else ""))
     parser.add_argument(
         "--average",
@@ -39,6 +40,15 @@ def add_model_arguments(parser: argparse.ArgumentParser, ensembles: str | None =
         help="decode with int8 weights on the CPU: faster, translations close to float32's (CTranslate2 folders: its "
         "int8 compute type). Default: as the folder was exported (export --int8); --no-int8 decodes in float32",
     )
+    if shortlist:
+        parser.add_argument(
+            "--shortlist",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="score each sentence's likely target tokens only, from the folder's shortlist.safetensors "
+            "(written by `hf-transformer shortlist`; CTranslate2 folders: their vmap.txt): faster, translations close "
+            "to the full vocabulary's. Default: where the folder has one; --no-shortlist scores the whole vocabulary",
+        )
     if ensembles:
         parser.add_argument(
             "--ensemble-average",
@@ -103,10 +113,15 @@ def torch_device(text: str) -> str:
 
 
 def load_engine(
-    source: str, average: int | None = None, device: str = "cpu", int8: bool | None = None
+    source: str,
+    average: int | None = None,
+    device: str = "cpu",
+    int8: bool | None = None,
+    shortlist: bool | None = None,
 ) -> TranslationEngine:
     """The model that `source` names, ready on `device`, with int8 weights where `int8` says so (None: where the
-    folder asks; a checkpoint does not)."""
+    folder asks; a checkpoint does not) and the folder's shortlist where `shortlist` says so (None: where the folder
+    has one; a checkpoint has none)."""
     from transformers.utils import logging as transformers_logging
 
     from hf_transformer.decoding.engine import TranslationEngine
@@ -118,7 +133,12 @@ def load_engine(
             raise UserError(
                 f"{path} is a folder of checkpoints: name one (e.g. {path}/last.ckpt) or average with --average N"
             )
-        return TranslationEngine.from_pretrained(source, device=device, int8=int8)
+        return TranslationEngine.from_pretrained(source, device=device, int8=int8, shortlist=shortlist)
+    if shortlist:
+        raise UserError(
+            f"{source} is a checkpoint, and a shortlist is part of an exported folder: export it, then build one with "
+            "`hf-transformer shortlist FOLDER --source FILE --target FILE`"
+        )
     # Imported here: Lightning takes seconds to import, and an exported model does not need it.
     from ..checkpoint import model_from_checkpoint, tokenizer_from_checkpoint
     from ..checkpoint_export import checkpoint_to_export
@@ -138,12 +158,17 @@ def load_engines(
     device: str = "cpu",
     ensemble_average: str | None = None,
     int8: bool | None = None,
+    shortlist: bool | None = None,
 ) -> TranslationEngine:
     """The model that `sources` name (`load_engine`), or with several their ensemble (`TranslationEngine.ensemble`,
     which refuses models of other tokenizers), averaged by `ensemble_average` (None: the ensemble's default)."""
     from hf_transformer.decoding.engine import TranslationEngine
 
-    engines = [load_engine(source, average, device, int8) for source in sources]
+    if len(sources) > 1 and shortlist:
+        raise UserError("a shortlist decodes one model, not an ensemble: drop --shortlist, or all models but one")
+    # An ensemble's members ignore their folders' shortlists.
+    shortlist = shortlist if len(sources) == 1 else False
+    engines = [load_engine(source, average, device, int8, shortlist) for source in sources]
     if len(engines) == 1:
         return engines[0]
     return TranslationEngine.ensemble(engines, *([ensemble_average] if ensemble_average else []))

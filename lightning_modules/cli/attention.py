@@ -16,7 +16,7 @@ def main(argv: list[str]) -> None:
 
     output = Path(args.output)
     _check_image_type(output)
-    engine = load_engines([args.model], args.average, args.device, int8=args.int8)
+    engine = load_engines([args.model], args.average, args.device, int8=args.int8, shortlist=False)
     engine.require_one_model("attention weights")
     engine.check_settings(args.num_beams)
     config = engine.model.config
@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
         "install 'hf-transformer[plot]'.",
         allow_abbrev=False,
     )
-    add_model_arguments(parser)
+    add_model_arguments(parser, shortlist=False)
     parser.add_argument("sentence", help="the sentence to translate")
     parser.add_argument("-o", "--output", default="attention.png", help="the image to write (default: attention.png)")
     parser.add_argument(

@@ -20,7 +20,9 @@ def main(argv: list[str]) -> None:
         raise MissingExtra(f"serving needs FastAPI and uvicorn: pip install 'hf-transformer[serve]' ({err})") from err
     from hf_transformer.decoding.search import SourceTruncatedWarning
 
-    engine = load_engines([args.model, *args.more_models], args.average, args.device, args.ensemble_average, args.int8)
+    engine = load_engines(
+        [args.model, *args.more_models], args.average, args.device, args.ensemble_average, args.int8, args.shortlist
+    )
     # The server answers a cut sentence with a warning of its own (and logs it): not a second one per batch.
     warnings.filterwarnings("ignore", category=SourceTruncatedWarning)
     name = f"{engine.name} (int8)" if engine.int8 else engine.name

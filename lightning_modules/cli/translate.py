@@ -52,7 +52,9 @@ def main(argv: list[str]) -> None:
         references = _read_references(args.reference) if args.reference else None
         if references is not None and sources:
             _check_references(references, line_count, args.reference)
-        engine = load_engines([args.model, *more_models], args.average, args.device, args.ensemble_average, args.int8)
+        engine = load_engines(
+            [args.model, *more_models], args.average, args.device, args.ensemble_average, args.int8, args.shortlist
+        )
         engine.check_settings(args.num_beams, args.length_penalty, args.n_best)
         if args.alignments:
             engine.require_one_model("alignments")

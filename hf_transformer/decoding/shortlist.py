@@ -1,0 +1,240 @@
+"""A lexical shortlist: the target tokens each sentence may translate to, so that beam search scores a few hundred of
+them at each step instead of the whole vocabulary (Marian's `--shortlist`, Junczys-Dowmunt et al. 2018 "Marian: Cost-
+effective High-Quality Neural Machine Translation in C++").
+
+The table is learnt from parallel text, as a word-alignment model's: IBM Model 1 (Brown et al. 1993), a few rounds of
+expectation-maximization over the subword tokens of the pairs, gives t(target | source) for every pair of tokens that
+occur together; each source token keeps its `per_source` most likely translations. A sentence's shortlist is then the
+union of the translations of its tokens, its tokens themselves (names and numbers are copied), the `frequent` most
+frequent target tokens of the data (function words, punctuation) and the end of sentence.
+
+Beam search with a shortlist (`translate(..., shortlist=)`, `IncrementalDecoder`) projects each sentence's decoder
+output onto its own list's rows of the output matrix and normalizes over them only, as Marian does: the scores are
+those of the model restricted to the list, and a translation can only hold tokens of it. A list that holds the whole
+vocabulary gives the full model's scores (tested).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..errors import ConfigError
+
+# The file a shortlist is saved as, in the model's folder.
+SHORTLIST_FILE = "shortlist.safetensors"
+# Token occurrences (source tokens x target tokens of a pair, summed) counted at once while learning the table: the
+# data is read in chunks of about this many so that memory stays bounded on corpora of millions of pairs.
+CHUNK_OCCURRENCES = 20_000_000
+
+
+class Shortlist:
+    """Each source token's likeliest translations (`translations` [source vocabulary, per_source], -1 where a token
+    has fewer) and the target tokens every sentence may use (`always`: the most frequent ones and the end of
+    sentence)."""
+
+    def __init__(self, translations: torch.Tensor, always: torch.Tensor) -> None:
+        if translations.dim() != 2 or always.dim() != 1:
+            raise ConfigError(
+                f"a shortlist holds a [vocabulary, per_source] table and a list of tokens, not shapes "
+                f"{list(translations.shape)} and {list(always.shape)}"
+            )
+        self.translations, self.always = translations.long(), always.long()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.translations.shape[0]
+
+    def save_pretrained(self, folder: str | Path) -> Path:
+        """Write the shortlist into a model's `folder` (as `SHORTLIST_FILE`) and return its path."""
+        path = Path(folder) / SHORTLIST_FILE
+        save_file({"translations": self.translations.int(), "always": self.always.int()}, str(path))
+        return path
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path) -> Shortlist:
+        """The shortlist saved in a model's `folder` (`hf-transformer shortlist` writes it)."""
+        path = Path(folder) / SHORTLIST_FILE
+        if not path.is_file():
+            raise ConfigError(
+                f"{folder} has no {SHORTLIST_FILE}: build one from the model's training data with "
+                f"`hf-transformer shortlist {folder} --source FILE --target FILE`"
+            )
+        tensors = load_file(str(path))
+        return cls(tensors["translations"], tensors["always"])
+
+    def vocabulary_map(self, tokens: Sequence[str]) -> str:
+        """The shortlist as CTranslate2's vocabulary map (`vmap.txt`, `translate_batch(use_vmap=True)`): a line per
+        source token, the token, a tab and its listed targets (itself among them); first, the tokens always listed
+        after an empty source. `tokens`: the vocabulary, token i at index i."""
+        lines = ["\t" + " ".join(tokens[index] for index in self.always.tolist())]
+        for source, translations in enumerate(self.translations.tolist()):
+            listed = [source, *(target for target in translations if target >= 0)]
+            lines.append(tokens[source] + "\t" + " ".join(tokens[index] for index in dict.fromkeys(listed)))
+        return "\n".join(lines) + "\n"
+
+    def batch_lists(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The shortlists of a batch of sources: `tokens`, the union of its sentences' lists (sorted), and `listed`
+        [sentences, len(tokens)], whether each sentence's list holds each of them."""
+        if int(input_ids.max()) >= self.vocab_size:
+            raise ConfigError(
+                f"the source holds token id {int(input_ids.max())}, beyond the shortlist's {self.vocab_size} tokens: "
+                "this shortlist was built for another tokenizer"
+            )
+        lists = [self.listed(ids[mask]) for ids, mask in zip(input_ids, attention_mask.bool(), strict=True)]
+        tokens = torch.cat(lists).unique()  # sorted
+        listed = torch.zeros(len(lists), len(tokens), dtype=torch.bool, device=input_ids.device)
+        for row, sentence_tokens in enumerate(lists):
+            listed[row, torch.searchsorted(tokens, sentence_tokens)] = True
+        return tokens, listed
+
+    def listed(self, source_ids: torch.Tensor) -> torch.Tensor:
+        """The target tokens of a source sentence's list, sorted: the translations of its tokens `source_ids`, the
+        tokens themselves and the tokens always listed."""
+        source_ids = torch.as_tensor(source_ids, dtype=torch.long)
+        translations = self.translations.to(source_ids.device)[source_ids].flatten()
+        return torch.cat([self.always.to(source_ids.device), source_ids, translations[translations >= 0]]).unique()
+
+
+class ListedGroup(NamedTuple):
+    """Consecutive sentences of a batch and their shortlists, for beam search: `tokens`, the union of their lists
+    (sorted), `projection`, the output projection onto them (`output_rows`), and `excluded` [sentences, 1, tokens], 0
+    where a sentence's list holds the token and -inf where not, added to its logits."""
+
+    tokens: torch.Tensor
+    projection: nn.Module
+    excluded: torch.Tensor
+
+
+def listed_groups(
+    shortlist: Shortlist,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    projection: nn.Module,
+    sentences_per_group: int,
+) -> list[ListedGroup]:
+    """The sentences of a batch in groups of `sentences_per_group`, each projected onto the union of its own lists: a
+    few sentences' union is a small part of the vocabulary, where a whole batch's would hold much of it."""
+    lists = []
+    for start in range(0, len(input_ids), sentences_per_group):
+        group = slice(start, start + sentences_per_group)
+        tokens, listed = shortlist.batch_lists(input_ids[group], attention_mask[group])
+        excluded = torch.zeros(listed.shape, device=listed.device).masked_fill_(~listed, -torch.inf)
+        lists.append((tokens, excluded[:, None, :]))
+    projections = output_rows(projection, [tokens for tokens, _ in lists])
+    return [ListedGroup(tokens, rows, excluded) for (tokens, excluded), rows in zip(lists, projections, strict=True)]
+
+
+def output_rows(projection: nn.Module, token_lists: list[torch.Tensor]) -> list[nn.Module]:
+    """For each of `token_lists`, the rows of an output `projection` onto the vocabulary (`lm_head`, without bias)
+    that are those tokens, as a projection of their own: an `nn.Linear`, or for an int8 model (`quantize_int8`) an
+    int8 one with the same weights and scales. The int8 weights are unpacked once for all the lists."""
+    quantized = torch.ao.nn.quantized.dynamic.Linear
+    if not isinstance(projection, quantized):
+        return [_linear(projection.weight[tokens]) for tokens in token_lists]
+    weight = projection.weight()  # int8, one scale per row
+    values = weight.dequantize()
+    scales, zero_points = weight.q_per_channel_scales(), weight.q_per_channel_zero_points()
+    sliced = []
+    for tokens in token_lists:
+        rows = torch.quantize_per_channel(values[tokens], scales[tokens], zero_points[tokens], 0, torch.qint8)
+        linear = quantized(projection.in_features, len(tokens), bias_=False, dtype=torch.qint8)
+        linear.set_weight_bias(rows, None)
+        sliced.append(linear)
+    return sliced
+
+
+def _linear(weight: torch.Tensor) -> nn.Linear:
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    return linear
+
+
+def build_shortlist(
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    vocab_size: int,
+    *,
+    per_source: int = 50,
+    frequent: int = 100,
+    always: Sequence[int] = (),
+    iterations: int = 5,
+) -> Shortlist:
+    """The shortlist of `pairs` (source token ids, target token ids; no special tokens): each source token's
+    `per_source` likeliest translations under IBM Model 1 trained for `iterations` rounds of EM on the pairs, the
+    `frequent` most frequent target tokens and the tokens of `always` (the end of sentence)."""
+    if per_source < 1 or frequent < 0 or iterations < 1:
+        raise ConfigError(
+            f"per_source={per_source}, frequent={frequent}, iterations={iterations}: a shortlist needs "
+            "per_source >= 1, frequent >= 0 and iterations >= 1"
+        )
+    # The pairs of tokens that occur together, each once: the support of t(target | source). Data of more than one
+    # chunk is read again at each round rather than held, so that memory holds one chunk and the table.
+    keys, held = torch.empty(0, dtype=torch.long), None
+    for number, chunk in enumerate(occurrence_chunks(pairs, vocab_size)):
+        keys = torch.cat([keys, chunk[0].unique()]).unique()
+        held = [chunk] if number == 0 else None
+    if not len(keys):
+        raise ConfigError("a shortlist is learnt from parallel text, and no pair with tokens on both sides was given")
+    source_of = keys // vocab_size
+    probabilities = torch.ones(len(keys), dtype=torch.float64)  # uniform over each source token's co-occurrences
+    for _ in range(iterations):
+        counts = torch.zeros(len(keys), dtype=torch.float64)
+        for chunk_keys, target_positions in held or occurrence_chunks(pairs, vocab_size):
+            index = torch.searchsorted(keys, chunk_keys)
+            p = probabilities[index]
+            # E-step: each target token is explained by the source tokens of its pair in proportion to t(t | s).
+            totals = torch.zeros(int(target_positions.max()) + 1, dtype=torch.float64)
+            totals.index_add_(0, target_positions, p)
+            counts.index_add_(0, index, p / totals[target_positions])
+        # M-step: t(t | s) = count(s, t) / count(s).
+        per_source_total = torch.zeros(vocab_size, dtype=torch.float64).index_add_(0, source_of, counts)
+        probabilities = counts / per_source_total[source_of]
+
+    # Each source token's best `per_source`: sort by probability, then (stably) by source token.
+    order = probabilities.argsort(descending=True)
+    order = order[source_of[order].argsort(stable=True)]
+    sources, targets = source_of[order], keys[order] % vocab_size
+    first = torch.searchsorted(sources, sources, side="left")
+    rank = torch.arange(len(sources)) - first
+    kept = rank < per_source
+    translations = torch.full((vocab_size, per_source), -1, dtype=torch.long)
+    translations[sources[kept], rank[kept]] = targets[kept]
+
+    target_counts = torch.zeros(vocab_size, dtype=torch.long)
+    for _, target_ids in pairs:
+        target_counts += torch.bincount(torch.as_tensor(target_ids, dtype=torch.long), minlength=vocab_size)
+    most_frequent = target_counts.topk(min(frequent, vocab_size)).indices
+    most_frequent = most_frequent[target_counts[most_frequent] > 0]
+    return Shortlist(translations, torch.cat([torch.as_tensor(always, dtype=torch.long), most_frequent]).unique())
+
+
+def occurrence_chunks(
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]], vocab_size: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The co-occurrences of `pairs` in chunks of about `CHUNK_OCCURRENCES`: for each (source token, target token) of a
+    pair, its key source * vocab_size + target, and which target position of the chunk it explains."""
+    keys, positions, size, position = [], [], 0, 0
+    for line, (source_ids, target_ids) in enumerate(pairs, start=1):
+        source = torch.as_tensor(source_ids, dtype=torch.long)
+        target = torch.as_tensor(target_ids, dtype=torch.long)
+        if not len(source) or not len(target):
+            continue
+        if int(torch.cat([source, target]).max()) >= vocab_size or int(torch.cat([source, target]).min()) < 0:
+            raise ConfigError(f"pair {line} holds a token id outside the vocabulary of {vocab_size} tokens")
+        keys.append((source[None, :] * vocab_size + target[:, None]).flatten())
+        positions.append((position + torch.arange(len(target)))[:, None].expand(-1, len(source)).flatten())
+        position += len(target)
+        size += len(source) * len(target)
+        if size >= CHUNK_OCCURRENCES:
+            yield torch.cat(keys), torch.cat(positions)
+            keys, positions, size, position = [], [], 0, 0
+    if keys:
+        yield torch.cat(keys), torch.cat(positions)
+
+
+__all__ = ["SHORTLIST_FILE", "ListedGroup", "Shortlist", "build_shortlist", "listed_groups", "output_rows"]
