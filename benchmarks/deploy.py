@@ -217,14 +217,16 @@ def main() -> None:
         folders = {
             name: str(shortlisted) if options.get("shortlist") else folder for name, (options, _) in OURS.items()
         }
-        for name, (quantization, _) in CTRANSLATE2.items():
-            if (Path(work) / quantization).is_dir():
-                folders[name] = folders[f"ctranslate2 {quantization}"]
-                continue
-            path = to_ctranslate2(
-                model, tokenizer, Path(work) / quantization, quantization=quantization, shortlist=shortlist
+        # One CTranslate2 folder per weight type, with the shortlist as its vocabulary map (used where asked).
+        converted = {
+            quantization: str(
+                to_ctranslate2(
+                    model, tokenizer, Path(work) / quantization, quantization=quantization, shortlist=shortlist
+                )
             )
-            folders[name] = str(path)
+            for quantization in {quantization for quantization, _ in CTRANSLATE2.values()}
+        }
+        folders.update({name: converted[quantization] for name, (quantization, _) in CTRANSLATE2.items()})
         parameters = sum(parameter.numel() for parameter in model.parameters())
         vocabulary = model.config.vocab_size
         del model

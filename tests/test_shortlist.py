@@ -65,6 +65,8 @@ def test_learning_in_chunks_gives_the_table_of_learning_at_once(monkeypatch):
 def test_bad_pairs_and_settings_are_refused():
     with pytest.raises(ConfigError, match="pair 2 holds a token id outside the vocabulary of 10 tokens"):
         build_shortlist([([1], [2]), ([3], [12])], 10)
+    with pytest.raises(ConfigError, match="a target holds a token id outside the vocabulary of 10 tokens"):
+        build_shortlist([([1], [2]), ([], [12])], 10)
     with pytest.raises(ConfigError, match="no pair with tokens on both sides"):
         build_shortlist([([1], [])], 10)
     with pytest.raises(ConfigError, match="per_source >= 1"):

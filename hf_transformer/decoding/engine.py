@@ -120,10 +120,9 @@ class TranslationEngine:
         # decodes in float32. Asked for by the caller, int8 elsewhere is refused, naming the fix (`quantize_int8`).
         if int8 or (int8 is None and int8_requested(model) and model.device.type == "cpu"):
             model = quantize_int8(model, inplace=True)
-        has_shortlist = (Path(name_or_path) / SHORTLIST_FILE).is_file()
-        lexical = (
-            Shortlist.from_pretrained(name_or_path) if shortlist or (shortlist is None and has_shortlist) else None
-        )
+        if shortlist is None:  # as the folder has it (a Hub repository's is not fetched)
+            shortlist = (Path(name_or_path) / SHORTLIST_FILE).is_file()
+        lexical = Shortlist.from_pretrained(name_or_path) if shortlist else None
         return cls(tokenizer, model=model, name=str(name_or_path), shortlist=lexical)
 
     @classmethod

@@ -167,7 +167,9 @@ class IncrementalDecoder:
         with a shortlist, -inf outside each sentence's list."""
         if self.shortlist is None:
             return F.log_softmax(self.model.lm_head(hidden_states).float(), dim=-1)
-        full = hidden_states.new_full((hidden_states.shape[0], self.model.config.vocab_size), -torch.inf).float()
+        full = hidden_states.new_full(
+            (hidden_states.shape[0], self.model.config.vocab_size), -torch.inf, dtype=torch.float32
+        )
         for group, rows in self.shortlisted_rows():
             full[rows].index_copy_(1, group.tokens, self.shortlisted(group, hidden_states[rows]))
         return full
@@ -196,16 +198,16 @@ class IncrementalDecoder:
         """The `n` most likely next tokens of every row after `tokens` ([rows, 1]) and their fp32 log-probabilities,
         each [rows, n], best first: `step(tokens).topk(n)` without the whole batch's logits at once."""
         hidden_states = self.hidden_states(tokens)
-        if hidden_states.device.type != "cpu":  # the means below were measured on CPUs
-            return self.log_probs(hidden_states).topk(n, dim=-1)
         scores, token_ids = [], []
-        if self.shortlist is not None:
+        if self.shortlist is not None:  # on any device: the groups' lists, not the whole vocabulary
             for group, rows in self.shortlisted_rows():
                 log_probs = self.shortlisted(group, hidden_states[rows])
                 best = top_n(log_probs, n)
                 scores.append(log_probs.gather(1, best))
                 token_ids.append(group.tokens[best])
             return torch.cat(scores), torch.cat(token_ids)
+        if hidden_states.device.type != "cpu":  # the means below were measured on CPUs
+            return self.log_probs(hidden_states).topk(n, dim=-1)
         for start in range(0, hidden_states.shape[0], self.rows_at_once):
             logits = self.model.lm_head(hidden_states[start : start + self.rows_at_once]).float()
             best = top_n(logits, n)

@@ -86,19 +86,21 @@ class Shortlist:
                 f"the source holds token id {int(input_ids.max())}, beyond the shortlist's {self.vocab_size} tokens: "
                 "this shortlist was built for another tokenizer"
             )
-        lists = [self.listed(ids[mask]) for ids, mask in zip(input_ids, attention_mask.bool(), strict=True)]
+        # Built on the CPU, where the table is, and moved to the batch's device once.
+        rows = zip(input_ids.cpu(), attention_mask.bool().cpu(), strict=True)
+        lists = [self.listed(ids[mask]) for ids, mask in rows]
         tokens = torch.cat(lists).unique()  # sorted
-        listed = torch.zeros(len(lists), len(tokens), dtype=torch.bool, device=input_ids.device)
+        listed = torch.zeros(len(lists), len(tokens), dtype=torch.bool)
         for row, sentence_tokens in enumerate(lists):
             listed[row, torch.searchsorted(tokens, sentence_tokens)] = True
-        return tokens, listed
+        return tokens.to(input_ids.device), listed.to(input_ids.device)
 
-    def listed(self, source_ids: torch.Tensor) -> torch.Tensor:
-        """The target tokens of a source sentence's list, sorted: the translations of its tokens `source_ids`, the
-        tokens themselves and the tokens always listed."""
-        source_ids = torch.as_tensor(source_ids, dtype=torch.long)
-        translations = self.translations.to(source_ids.device)[source_ids].flatten()
-        return torch.cat([self.always.to(source_ids.device), source_ids, translations[translations >= 0]]).unique()
+    def listed(self, source_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        """The target tokens of a source sentence's list (on the CPU), sorted: the translations of its tokens
+        `source_ids`, the tokens themselves and the tokens always listed."""
+        source_ids = torch.as_tensor(source_ids, dtype=torch.long).cpu()
+        translations = self.translations[source_ids].flatten()
+        return torch.cat([self.always, source_ids, translations[translations >= 0]]).unique()
 
 
 class ListedGroup(NamedTuple):
@@ -205,9 +207,11 @@ def build_shortlist(
     translations = torch.full((vocab_size, per_source), -1, dtype=torch.long)
     translations[sources[kept], rank[kept]] = targets[kept]
 
-    target_counts = torch.zeros(vocab_size, dtype=torch.long)
-    for _, target_ids in pairs:
-        target_counts += torch.bincount(torch.as_tensor(target_ids, dtype=torch.long), minlength=vocab_size)
+    # Checked against the vocabulary above, but for the targets of pairs without a source token.
+    all_targets = torch.tensor([token for _, target_ids in pairs for token in target_ids], dtype=torch.long)
+    if len(all_targets) and (int(all_targets.max()) >= vocab_size or int(all_targets.min()) < 0):
+        raise ConfigError(f"a target holds a token id outside the vocabulary of {vocab_size} tokens")
+    target_counts = torch.bincount(all_targets, minlength=vocab_size)
     most_frequent = target_counts.topk(min(frequent, vocab_size)).indices
     most_frequent = most_frequent[target_counts[most_frequent] > 0]
     return Shortlist(translations, torch.cat([torch.as_tensor(always, dtype=torch.long), most_frequent]).unique())
@@ -224,7 +228,8 @@ def occurrence_chunks(
         target = torch.as_tensor(target_ids, dtype=torch.long)
         if not len(source) or not len(target):
             continue
-        if int(torch.cat([source, target]).max()) >= vocab_size or int(torch.cat([source, target]).min()) < 0:
+        both = torch.cat([source, target])
+        if int(both.max()) >= vocab_size or int(both.min()) < 0:
             raise ConfigError(f"pair {line} holds a token id outside the vocabulary of {vocab_size} tokens")
         keys.append((source[None, :] * vocab_size + target[:, None]).flatten())
         positions.append((position + torch.arange(len(target)))[:, None].expand(-1, len(source)).flatten())
