@@ -75,8 +75,8 @@ def test_bad_pairs_and_settings_are_refused():
 
 def test_a_sentences_list_holds_its_tokens_their_translations_and_the_tokens_always_listed(tmp_path):
     shortlist = narrow(64)
-    shortlist.save_pretrained(tmp_path)
-    loaded = Shortlist.from_pretrained(tmp_path)
+    shortlist.save_pretrained(tmp_path / "new")  # a folder not made yet, as save_pretrained of a model makes it
+    loaded = Shortlist.from_pretrained(tmp_path / "new")
     assert torch.equal(loaded.translations, shortlist.translations) and torch.equal(loaded.always, shortlist.always)
     input_ids, attention_mask = padded_sources(5, seed=2)
     tokens, listed = loaded.batch_lists(input_ids, attention_mask)
@@ -149,6 +149,7 @@ def test_an_int8_model_projects_onto_its_listed_rows_as_onto_the_whole_vocabular
     with torch.inference_mode():
         # The same int8 rows and scales, the same quantized input: equal up to the kernel's float rounding.
         (sliced,) = output_rows(model.lm_head, [tokens])
+        assert sliced.out_features == len(tokens) and sliced.weight().shape == (len(tokens), model.config.d_model)
         torch.testing.assert_close(sliced(hidden_states), model.lm_head(hidden_states)[:, tokens], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(
             output_rows(float_model.lm_head, [tokens])[0](hidden_states), float_model.lm_head(hidden_states)[:, tokens]

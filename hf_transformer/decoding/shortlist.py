@@ -53,6 +53,7 @@ class Shortlist:
     def save_pretrained(self, folder: str | Path) -> Path:
         """Write the shortlist into a model's `folder` (as `SHORTLIST_FILE`) and return its path."""
         path = Path(folder) / SHORTLIST_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
         save_file({"translations": self.translations.int(), "always": self.always.int()}, str(path))
         return path
 
