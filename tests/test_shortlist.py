@@ -16,7 +16,7 @@ from hf_transformer.decoding.engine import TranslationEngine
 from hf_transformer.decoding.ensemble import Ensemble, ModelDecoder
 from hf_transformer.decoding.incremental import IncrementalDecoder
 from hf_transformer.decoding.int8 import quantize_int8
-from hf_transformer.decoding.shortlist import SHORTLIST_FILE, output_rows
+from hf_transformer.decoding.shortlist import SHORTLIST_FILE, co_occurrences, output_rows
 from hf_transformer.errors import ConfigError
 from lightning_modules.cli import main
 
@@ -60,6 +60,21 @@ def test_learning_in_chunks_gives_the_table_of_learning_at_once(monkeypatch):
     whole = build_shortlist(pairs, 30, per_source=4)
     monkeypatch.setattr("hf_transformer.decoding.shortlist.CHUNK_OCCURRENCES", 100)
     assert torch.equal(build_shortlist(pairs, 30, per_source=4).translations, whole.translations)
+
+
+def test_a_chunks_co_occurrences_are_every_source_token_with_every_target_token_of_each_pair():
+    generator = torch.Generator().manual_seed(3)
+    lengths = torch.randint(1, 7, (20, 2), generator=generator).tolist()
+    chunk = [
+        (line, *(torch.randint(0, 50, (length,), generator=generator).tolist() for length in pair))
+        for line, pair in enumerate(lengths, start=1)
+    ]
+    keys, positions = co_occurrences(chunk, 50)
+    expected, start = [], 0
+    for _, source, target in chunk:
+        expected += [(s * 50 + t, start + j) for j, t in enumerate(target) for s in source]
+        start += len(target)
+    assert list(zip(keys.tolist(), positions.tolist(), strict=True)) == expected
 
 
 def test_bad_pairs_and_settings_are_refused():

@@ -17,6 +17,7 @@ vocabulary gives the full model's scores (tested).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import chain
 from pathlib import Path
 from typing import NamedTuple
 
@@ -177,18 +178,24 @@ def build_shortlist(
         )
     # The pairs of tokens that occur together, each once: the support of t(target | source). Data of more than one
     # chunk is read again at each round rather than held, so that memory holds one chunk and the table.
+    # Each occurrence is counted under its key's index in `keys`, the sorted distinct keys of all chunks. Data of one
+    # chunk is held with its indices, found once; data of more is read and searched again at each round.
     keys, held = torch.empty(0, dtype=torch.long), None
-    for number, chunk in enumerate(occurrence_chunks(pairs, vocab_size)):
-        keys = torch.cat([keys, chunk[0].unique()]).unique()
-        held = [chunk] if number == 0 else None
+    for number, (chunk_keys, target_positions) in enumerate(occurrence_chunks(pairs, vocab_size)):
+        distinct, index = chunk_keys.unique(return_inverse=True)
+        keys = torch.cat([keys, distinct]).unique()
+        held = [(index, target_positions)] if number == 0 else None  # keys == distinct while there is one chunk
     if not len(keys):
         raise ConfigError("a shortlist is learnt from parallel text, and no pair with tokens on both sides was given")
     source_of = keys // vocab_size
     probabilities = torch.ones(len(keys), dtype=torch.float64)  # uniform over each source token's co-occurrences
     for _ in range(iterations):
         counts = torch.zeros(len(keys), dtype=torch.float64)
-        for chunk_keys, target_positions in held or occurrence_chunks(pairs, vocab_size):
-            index = torch.searchsorted(keys, chunk_keys)
+        chunks = held or (
+            (key_indices(keys, chunk_keys), target_positions)
+            for chunk_keys, target_positions in occurrence_chunks(pairs, vocab_size)
+        )
+        for index, target_positions in chunks:
             p = probabilities[index]
             # E-step: each target token is explained by the source tokens of its pair in proportion to t(t | s).
             totals = torch.zeros(int(target_positions.max()) + 1, dtype=torch.float64)
@@ -209,7 +216,7 @@ def build_shortlist(
     translations[sources[kept], rank[kept]] = targets[kept]
 
     # Checked against the vocabulary above, but for the targets of pairs without a source token.
-    all_targets = torch.tensor([token for _, target_ids in pairs for token in target_ids], dtype=torch.long)
+    all_targets = torch.tensor(list(chain.from_iterable(target_ids for _, target_ids in pairs)), dtype=torch.long)
     if len(all_targets) and (int(all_targets.max()) >= vocab_size or int(all_targets.min()) < 0):
         raise ConfigError(f"a target holds a token id outside the vocabulary of {vocab_size} tokens")
     target_counts = torch.bincount(all_targets, minlength=vocab_size)
@@ -218,29 +225,53 @@ def build_shortlist(
     return Shortlist(translations, torch.cat([torch.as_tensor(always, dtype=torch.long), most_frequent]).unique())
 
 
+def key_indices(keys: torch.Tensor, chunk_keys: torch.Tensor) -> torch.Tensor:
+    """The index of each of `chunk_keys` in the sorted `keys`: the chunk's distinct keys are searched for, in order,
+    which took half the time of searching for each occurrence's."""
+    distinct, inverse = chunk_keys.unique(return_inverse=True)
+    return torch.searchsorted(keys, distinct)[inverse]
+
+
 def occurrence_chunks(
     pairs: Sequence[tuple[Sequence[int], Sequence[int]]], vocab_size: int
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The co-occurrences of `pairs` in chunks of about `CHUNK_OCCURRENCES`: for each (source token, target token) of a
     pair, its key source * vocab_size + target, and which target position of the chunk it explains."""
-    keys, positions, size, position = [], [], 0, 0
+    chunk, size = [], 0
     for line, (source_ids, target_ids) in enumerate(pairs, start=1):
-        source = torch.as_tensor(source_ids, dtype=torch.long)
-        target = torch.as_tensor(target_ids, dtype=torch.long)
-        if not len(source) or not len(target):
+        if not len(source_ids) or not len(target_ids):
             continue
-        both = torch.cat([source, target])
-        if int(both.max()) >= vocab_size or int(both.min()) < 0:
-            raise ConfigError(f"pair {line} holds a token id outside the vocabulary of {vocab_size} tokens")
-        keys.append((source[None, :] * vocab_size + target[:, None]).flatten())
-        positions.append((position + torch.arange(len(target)))[:, None].expand(-1, len(source)).flatten())
-        position += len(target)
-        size += len(source) * len(target)
+        chunk.append((line, source_ids, target_ids))
+        size += len(source_ids) * len(target_ids)
         if size >= CHUNK_OCCURRENCES:
-            yield torch.cat(keys), torch.cat(positions)
-            keys, positions, size, position = [], [], 0, 0
-    if keys:
-        yield torch.cat(keys), torch.cat(positions)
+            yield co_occurrences(chunk, vocab_size)
+            chunk, size = [], 0
+    if chunk:
+        yield co_occurrences(chunk, vocab_size)
+
+
+def co_occurrences(
+    chunk: list[tuple[int, Sequence[int], Sequence[int]]], vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`occurrence_chunks`' keys and target positions of a chunk of (line, source ids, target ids), each pair's target
+    by target, computed for the whole chunk at once (a loop over the pairs in Python took most of the time)."""
+    source_lengths = torch.tensor([len(source_ids) for _, source_ids, _ in chunk])
+    target_lengths = torch.tensor([len(target_ids) for _, _, target_ids in chunk])
+    sources = torch.tensor(list(chain.from_iterable(source_ids for _, source_ids, _ in chunk)), dtype=torch.long)
+    targets = torch.tensor(list(chain.from_iterable(target_ids for _, _, target_ids in chunk)), dtype=torch.long)
+    for tokens, lengths in ((sources, source_lengths), (targets, target_lengths)):
+        outside = ((tokens < 0) | (tokens >= vocab_size)).nonzero()
+        if len(outside):
+            pair = int(torch.searchsorted(lengths.cumsum(0), outside[0], right=True))
+            raise ConfigError(f"pair {chunk[pair][0]} holds a token id outside the vocabulary of {vocab_size} tokens")
+    # Occurrence i of the chunk: pair `pair[i]`, its `offset[i]`-th (target, source) combination, target-major.
+    sizes = source_lengths * target_lengths
+    pair = torch.repeat_interleave(torch.arange(len(chunk)), sizes)
+    offset = torch.arange(len(pair)) - (sizes.cumsum(0) - sizes)[pair]
+    pair_sources = source_lengths[pair]
+    target_positions = (target_lengths.cumsum(0) - target_lengths)[pair] + offset // pair_sources
+    source_positions = (source_lengths.cumsum(0) - source_lengths)[pair] + offset % pair_sources
+    return sources[source_positions] * vocab_size + targets[target_positions], target_positions
 
 
 __all__ = ["SHORTLIST_FILE", "ListedGroup", "Shortlist", "build_shortlist", "listed_groups", "output_rows"]
