@@ -18,9 +18,12 @@ from hf_transformer.decoding.incremental import IncrementalDecoder
 from hf_transformer.decoding.int8 import quantize_int8
 from hf_transformer.decoding.shortlist import SHORTLIST_FILE, co_occurrences, output_rows
 from hf_transformer.errors import ConfigError
+from hf_transformer.hub.push import push_folder
 from lightning_modules.cli import main
 
 EOS = 2
+# Imported by pytest (not here) so that it can rewrite the module's asserts.
+pytest_plugins = ["tests.hub_server"]
 
 
 @pytest.fixture(scope="module")
@@ -237,3 +240,28 @@ def test_the_shortlist_command_writes_the_folders_list_which_translate_and_serve
                 ]
             )
         assert re.search(message, capsys.readouterr().err)
+
+
+def test_a_hub_repositorys_shortlist_is_downloaded_with_the_model(hub_endpoint, tmp_path):
+    """What `hf-transformer push` uploads of a folder with a shortlist, loading by repository id brings back: used
+    where the repository has one, also from the cache once the Hub is out of reach; one without it decodes without."""
+    torch.manual_seed(5)
+    config = make_tiny_config()
+    model, tokenizer = trained_model(config), word_tokenizer(config.vocab_size)
+    for name, shortlist in [("listed", narrow(config.vocab_size)), ("plain", None)]:
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+        if shortlist is not None:
+            shortlist.save_pretrained(tmp_path / name)
+        push_folder(tmp_path / name, f"alice/{name}")
+
+    engine = TranslationEngine.from_pretrained("alice/listed")
+    assert torch.equal(engine.shortlist.translations, narrow(config.vocab_size).translations)
+    assert TranslationEngine.from_pretrained("alice/listed", shortlist=False).shortlist is None
+    assert TranslationEngine.from_pretrained("alice/plain").shortlist is None
+    with pytest.raises(ConfigError, match="alice/plain has no shortlist.safetensors"):
+        TranslationEngine.from_pretrained("alice/plain", shortlist=True)
+
+    hub_endpoint.stop()  # the Hub out of reach: from the cache
+    assert Shortlist.from_pretrained("alice/listed") is not None
+    assert Shortlist.from_pretrained("alice/plain", missing_ok=True) is None

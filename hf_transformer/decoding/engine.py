@@ -18,7 +18,7 @@ from .attention_maps import AttentionMaps, attention_maps
 from .ensemble import Average, Ensemble, check_same_tokenizer
 from .int8 import int8_requested, is_int8, quantize_int8
 from .search import DECODING_MAX_TOKENS, Translation, check_decoding_settings, translate
-from .shortlist import SHORTLIST_FILE, Shortlist
+from .shortlist import Shortlist
 
 if TYPE_CHECKING:
     from .ctranslate2 import CTranslate2Translator
@@ -120,9 +120,8 @@ class TranslationEngine:
         # decodes in float32. Asked for by the caller, int8 elsewhere is refused, naming the fix (`quantize_int8`).
         if int8 or (int8 is None and int8_requested(model) and model.device.type == "cpu"):
             model = quantize_int8(model, inplace=True)
-        if shortlist is None:  # as the folder has it (a Hub repository's is not fetched)
-            shortlist = (Path(name_or_path) / SHORTLIST_FILE).is_file()
-        lexical = Shortlist.from_pretrained(name_or_path) if shortlist else None
+        # None: where the folder or Hub repository has one.
+        lexical = None if shortlist is False else Shortlist.from_pretrained(name_or_path, missing_ok=shortlist is None)
         return cls(tokenizer, model=model, name=str(name_or_path), shortlist=lexical)
 
     @classmethod

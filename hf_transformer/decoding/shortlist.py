@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from huggingface_hub import hf_hub_download
+from huggingface_hub.errors import EntryNotFoundError, HFValidationError, RepositoryNotFoundError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -59,13 +61,18 @@ class Shortlist:
         return path
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path) -> Shortlist:
-        """The shortlist saved in a model's `folder` (`hf-transformer shortlist` writes it)."""
-        path = Path(folder) / SHORTLIST_FILE
-        if not path.is_file():
+    def from_pretrained(cls, name_or_path: str | Path, missing_ok: bool = False) -> Shortlist | None:
+        """The shortlist saved with a model (`hf-transformer shortlist` writes it): in its folder, or in the files of
+        its Hub repository (downloaded to the Hub cache, as the weights are; from the cache when offline). A model
+        without one is refused, naming the fix, or with `missing_ok` gives None."""
+        path = shortlist_file(name_or_path)
+        if path is None:
+            if missing_ok:
+                return None
             raise ConfigError(
-                f"{folder} has no {SHORTLIST_FILE}: build one from the model's training data with "
-                f"`hf-transformer shortlist {folder} --source FILE --target FILE`"
+                f"{name_or_path} has no {SHORTLIST_FILE}: build one from the model's training data with "
+                f"`hf-transformer shortlist FOLDER --source FILE --target FILE` (a Hub repository: in the folder "
+                "pushed to it)"
             )
         tensors = load_file(str(path))
         return cls(tensors["translations"], tensors["always"])
@@ -103,6 +110,20 @@ class Shortlist:
         source_ids = torch.as_tensor(source_ids, dtype=torch.long).cpu()
         translations = self.translations[source_ids].flatten()
         return torch.cat([self.always, source_ids, translations[translations >= 0]]).unique()
+
+
+def shortlist_file(name_or_path: str | Path) -> Path | None:
+    """The shortlist file of a model folder or Hub repository `name_or_path`, or None where it has none (or, offline,
+    none was downloaded before)."""
+    folder = Path(name_or_path)
+    if folder.is_dir():
+        return folder / SHORTLIST_FILE if (folder / SHORTLIST_FILE).is_file() else None
+    try:
+        return Path(hf_hub_download(str(name_or_path), SHORTLIST_FILE))
+    # EntryNotFoundError is also LocalEntryNotFoundError: offline and not in the cache. HFValidationError: a path that
+    # is no folder, nor a repository id.
+    except (EntryNotFoundError, RepositoryNotFoundError, HFValidationError):
+        return None
 
 
 class ListedGroup(NamedTuple):
@@ -274,4 +295,12 @@ def co_occurrences(
     return sources[source_positions] * vocab_size + targets[target_positions], target_positions
 
 
-__all__ = ["SHORTLIST_FILE", "ListedGroup", "Shortlist", "build_shortlist", "listed_groups", "output_rows"]
+__all__ = [
+    "SHORTLIST_FILE",
+    "ListedGroup",
+    "Shortlist",
+    "build_shortlist",
+    "listed_groups",
+    "output_rows",
+    "shortlist_file",
+]

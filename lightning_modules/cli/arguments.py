@@ -45,7 +45,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, ensembles: str | None =
             "--shortlist",
             action=argparse.BooleanOptionalAction,
             default=None,
-            help="score each sentence's likely target tokens only, from the folder's shortlist.safetensors "
+            help="score each sentence's likely target tokens only, from the folder's (or Hub repository's) "
+            "shortlist.safetensors "
             "(written by `hf-transformer shortlist`; CTranslate2 folders: their vmap.txt): faster, translations close "
             "to the full vocabulary's. Default: where the folder has one; --no-shortlist scores the whole vocabulary",
         )
