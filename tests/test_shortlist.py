@@ -223,8 +223,10 @@ def test_the_shortlist_command_writes_the_folders_list_which_translate_and_serve
     assert len(capsys.readouterr().out.splitlines()) == 5
 
     (tmp_path / "short.de").write_text("\n".join(lines[:10]) + "\n")
+    (tmp_path / "latin1.de").write_bytes("\n".join(lines[:2] + ["Gr\xfc\xdfe"]).encode("latin-1"))
     for folder_given, target, message in [
         (folder, "short.de", "train.en has 200 lines and .*short.de 10: a shortlist is learnt from parallel text"),
+        (folder, "latin1.de", "latin1.de, line 3: bytes .* are not UTF-8; re-encode the file as UTF-8"),
         (tmp_path, "short.de", "no exported model folder"),
         (folder, "missing.de", "missing.de: no such file"),
     ]:

@@ -3,8 +3,8 @@ shortlist`) from parallel text, the model's training data, and save it into the 
 `serve` use it (`--no-shortlist` turns it off)."""
 
 import argparse
-import gzip
 import statistics
+from itertools import islice
 from pathlib import Path
 
 from hf_transformer.errors import DataError, UserError
@@ -61,20 +61,14 @@ def main(argv: list[str]) -> None:
     print(f"Saved to {path}")
 
 
-def read_lines(path: Path, limit: int | None) -> list[str]:
-    """The first `limit` lines of a UTF-8 text file (gzipped where it ends in .gz), without their line ends."""
+def read_lines(path: Path, limit: int) -> list[str]:
+    """The first `limit` lines of a UTF-8 text file (gzipped where it ends in .gz), read as training reads its text
+    files (`text_lines`: lines end at "\n" only, so that line i of each file stays a pair), without their line ends."""
     if not path.is_file():
         raise UserError(f"{path}: no such file (--source and --target are text files, one sentence per line)")
-    lines = []
-    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as file:
-        for number, line in enumerate(file, 1):
-            if limit is not None and number > limit:
-                break
-            try:
-                lines.append(line.decode("utf-8").rstrip("\r\n"))
-            except UnicodeDecodeError:
-                raise DataError(f"line {number} of {path} is not UTF-8 text: convert it first") from None
-    return lines
+    from lightning_modules.data.sources import text_lines  # loads datasets: once the arguments are checked
+
+    return list(islice(text_lines(path), limit))
 
 
 def _parser() -> argparse.ArgumentParser:
