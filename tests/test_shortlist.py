@@ -57,11 +57,14 @@ def test_ibm_model_1_finds_the_translation_of_each_word_among_frequent_function_
 
 
 def test_learning_in_chunks_gives_the_table_of_learning_at_once(monkeypatch):
-    """Corpora of millions of pairs are read in chunks, again at each round of EM: the same table."""
+    """Corpora of millions of pairs are read in chunks, held between the rounds of EM up to a bound and read again at
+    each round beyond it: the same table."""
     generator = torch.Generator().manual_seed(1)
     pairs = [(torch.randint(3, 30, (6,), generator=generator).tolist(),) * 2 for _ in range(50)]
     whole = build_shortlist(pairs, 30, per_source=4)
-    monkeypatch.setattr("hf_transformer.decoding.shortlist.CHUNK_OCCURRENCES", 100)
+    monkeypatch.setattr("hf_transformer.decoding.shortlist.CHUNK_OCCURRENCES", 100)  # 17 chunks, all held
+    assert torch.equal(build_shortlist(pairs, 30, per_source=4).translations, whole.translations)
+    monkeypatch.setattr("hf_transformer.decoding.shortlist.HELD_OCCURRENCES", 500)  # the first 4 held, 13 read again
     assert torch.equal(build_shortlist(pairs, 30, per_source=4).translations, whole.translations)
 
 
