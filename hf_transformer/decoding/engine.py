@@ -73,8 +73,8 @@ class TranslationEngine:
         a Hub id is this package's model). A folder of a format without a runtime here (ONNX, Marian) is refused,
         saying where it runs. `int8`: decode with int8 weights on the CPU (our model: `quantize_int8`; CTranslate2:
         its int8 compute type), or not; None: as the folder asks (`export --int8`). `shortlist`: decode with the
-        folder's `Shortlist` (`hf-transformer shortlist`; CTranslate2: its vocabulary map), or not; None: where the
-        folder has one."""
+        folder's (or Hub repository's) `Shortlist` (`hf-transformer shortlist`; CTranslate2: its vocabulary map), or
+        not; None: where it has one."""
         folder = Path(name_or_path)
         format = folder_format(folder)
         if format is None:
@@ -102,7 +102,8 @@ class TranslationEngine:
     ) -> TranslationEngine:
         """The runtime of the "hf-transformer" format: this package's model from a folder or a Hub repository, with
         int8 weights where `int8` says so (None: where its generation config asks, as `export --int8` writes, and the
-        device is the CPU), and the folder's `Shortlist` where `shortlist` says so (None: where the folder has one)."""
+        device is the CPU), and its `Shortlist` (the folder's, or the Hub repository's, downloaded) where `shortlist`
+        says so (None: where it has one)."""
         if (Path(name_or_path) / "config.json").is_file():
             check_tokenizer_files(name_or_path)
         try:
