@@ -35,7 +35,7 @@ SHORTLIST_FILE = "shortlist.safetensors"
 # data is read in chunks of about this many so that memory stays bounded on corpora of millions of pairs.
 CHUNK_OCCURRENCES = 20_000_000
 # Occurrences whose key indices and target positions are held between the rounds of EM (16 bytes each: 1.6 GB); the
-# data beyond is read again at each round. (Held as int32, half the memory, the rounds took 12% longer.)
+# data beyond is read again at each round. (int64: as int32, half the memory, the rounds ran slower.)
 HELD_OCCURRENCES = 100_000_000
 
 
@@ -225,7 +225,8 @@ def build_shortlist(
         probabilities = counts / per_source_total[source_of]
 
     # Each source token's best `per_source`: sort by probability, then (stably) by source token.
-    order = probabilities.argsort(descending=True)
+    # Stable both times: equal probabilities keep the order of their keys, so the table is the same on any machine.
+    order = probabilities.argsort(descending=True, stable=True)
     order = order[source_of[order].argsort(stable=True)]
     sources, targets = source_of[order], keys[order] % vocab_size
     first = torch.searchsorted(sources, sources, side="left")
@@ -245,8 +246,8 @@ def build_shortlist(
 
 
 def key_indices(keys: torch.Tensor, chunk_keys: torch.Tensor) -> torch.Tensor:
-    """The index of each of `chunk_keys` in the sorted `keys`: the chunk's distinct keys are searched for, in order,
-    which took half the time of searching for each occurrence's."""
+    """The index of each of `chunk_keys` in the sorted `keys`: the chunk's distinct keys are searched for (sorted,
+    each once) rather than every occurrence's."""
     distinct, inverse = chunk_keys.unique(return_inverse=True)
     return torch.searchsorted(keys, distinct)[inverse]
 
@@ -315,7 +316,7 @@ def co_occurrences(
     chunk: list[tuple[int, Sequence[int], Sequence[int]]], vocab_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`occurrence_chunks`' keys and target positions of a chunk of (line, source ids, target ids), each pair's target
-    by target, computed for the whole chunk at once (a loop over the pairs in Python took most of the time)."""
+    by target, computed for the whole chunk at once rather than pair by pair in Python."""
     source_lengths = torch.tensor([len(source_ids) for _, source_ids, _ in chunk])
     target_lengths = torch.tensor([len(target_ids) for _, _, target_ids in chunk])
     sources = torch.tensor(list(chain.from_iterable(source_ids for _, source_ids, _ in chunk)), dtype=torch.long)

@@ -54,7 +54,7 @@ def export_folder(
     `wandb_url` set). Its shortlist (`hf-transformer shortlist`) goes along into a CTranslate2 folder."""
     from transformers import PreTrainedTokenizerFast
 
-    from ..decoding.shortlist import SHORTLIST_FILE, Shortlist
+    from ..decoding.shortlist import Shortlist
     from ..hub.model_card import rewrite_model_card
     from ..model import TransformerForConditionalGeneration
     from ..model_folder import check_model_folder
@@ -64,10 +64,10 @@ def export_folder(
     model = TransformerForConditionalGeneration.from_pretrained(source)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
     folder = export_model(model, tokenizer, folder, format, **options)
-    if format == "ctranslate2" and (Path(source) / SHORTLIST_FILE).is_file():
+    if format == "ctranslate2" and (shortlist := Shortlist.from_pretrained(source, missing_ok=True)) is not None:
         from .ctranslate2 import write_vocabulary_map
 
-        write_vocabulary_map(Shortlist.from_pretrained(source), tokenizer, folder)
+        write_vocabulary_map(shortlist, tokenizer, folder)
     if chosen.has_card:
         rewrite_model_card(source, folder, format=format, repo_id=repo_id, results=results, wandb_url=wandb_url)
     return folder
