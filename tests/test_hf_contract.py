@@ -218,12 +218,19 @@ def test_upstream_tests_draw_the_same_inputs_in_every_run():
     assert all(torch.equal(drawn[0][name], drawn[1][name]) for name in drawn[0])
 
 
+# torch 2.8 and 2.9 compile generate()'s forward a second time, the guard on the static cache's key tensor failing
+# (`___check_obj_id`), under transformers 5.23 and 5.25 alike; from 2.10 on these two pass (.ci/floors).
+RECOMPILES_BEFORE_2_10 = pytest.mark.skipif(
+    torch.__version__ < "2.10", reason="torch < 2.10 recompiles the compiled forward once (a static cache guard)"
+)
+
+
 @pytest.mark.skipif(not SHARED_MIXINS, reason=f"upstream's GenerationTesterMixin is missing: {upstream.SHARED_HINT}")
 @pytest.mark.parametrize(
     "name",
     [
-        "test_generate_compile_model_forward_fullgraph",
-        "test_static_cache_no_recompile_with_smaller_length",
+        pytest.param("test_generate_compile_model_forward_fullgraph", marks=RECOMPILES_BEFORE_2_10),
+        pytest.param("test_static_cache_no_recompile_with_smaller_length", marks=RECOMPILES_BEFORE_2_10),
         "test_generate_continue_from_past_key_values",
     ],
 )

@@ -2,7 +2,9 @@
 claims, tested at the floor itself and at 5.17 (the release on common GPU images), each installed with its own
 dependencies into a separate folder; an older release stops with a message naming the version to install."""
 
+import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 from importlib.metadata import PathDistribution
@@ -61,11 +63,15 @@ def hide_what_the_release_does_not_require(folder: Path, version: str) -> None:
         if requirement.marker is None or requirement.marker.evaluate({"extra": ""})
     }
     for name in OPTIONAL_FOR_OLDER_RELEASES:
-        if name not in required:
-            (folder / name).mkdir(exist_ok=True)
-            (folder / name / "__init__.py").write_text(
-                f"raise ImportError('{name} is hidden: transformers=={version} does not require it')\n"
-            )
+        if name in required:
+            continue
+        if importlib.util.find_spec(name) is None:  # not installed here: nothing to hide, and a stub would be found
+            shutil.rmtree(folder / name, ignore_errors=True)  # (one left by a run in an environment that has it)
+            continue
+        (folder / name).mkdir(exist_ok=True)
+        (folder / name / "__init__.py").write_text(
+            f"raise ImportError('{name} is hidden: transformers=={version} does not require it')\n"
+        )
 
 
 @pytest.fixture

@@ -780,7 +780,8 @@ def test_attention_command_draws_the_kind_and_layer_asked_for_and_prints_the_ali
         main(["attention", str(checkpoint), "a dog", "--layer", "7"])
     assert "--layer 7: the model has 2 layers" in capsys.readouterr().err
     mistakes = {
-        str(tmp_path / "map.txt"): "matplotlib writes no .txt images. End the name with one of .avif, .eps",
+        # The formats are matplotlib's, which differ between its releases.
+        str(tmp_path / "map.txt"): "matplotlib writes no .txt images. End the name with one of .",
         "/proc/map.png": "-o /proc/map.png: cannot write there",
         str(tmp_path / "map.png" / "map.png"): "map.png/map.png: cannot write there (File exists)",
     }
@@ -839,8 +840,10 @@ def test_the_kept_help_of_the_trainer_commands_is_what_their_parser_prints():
     """`fit/validate/test --help` print text kept beside the parser; it must be the parser's (after a change to the
     options, `python -m lightning_modules.cli.help` writes it again). Compared word by word: the kept text names the
     package's folder by a placeholder, and a longer path wraps its lines elsewhere."""
-    from lightning_modules.cli.help import kept_help, parser_help
+    from lightning_modules.cli.help import kept_help, kept_versions, parser_help, parser_versions
 
+    if kept_versions() != parser_versions():  # e.g. the test of the lowest releases pyproject.toml allows (.ci/floors)
+        pytest.skip(f"the kept help was written under {kept_versions()}, and {parser_versions()} are installed")
     for command in ("fit", "validate", "test"):
         kept = kept_help(command)
         assert kept is not None, f"lightning_modules/cli/help/{command}.txt is missing"

@@ -26,10 +26,16 @@ from ..model import TransformerForConditionalGeneration
 try:
     import onnxruntime  # noqa: F401  (the runtime that runs the programs; checked here, not at first use)
     import onnxscript  # noqa: F401
-    from transformers.exporters import ExportedModel, OnnxConfig, OnnxExporter
 except ImportError as err:
     raise ImportError(
         "The ONNX export needs the onnx extra: pip install 'hf-transformer[onnx]' (onnx, onnxscript, onnxruntime)."
+    ) from err
+try:
+    from transformers.exporters import ExportedModel, OnnxConfig, OnnxExporter
+except ImportError as err:  # a transformers before 5.23, or exporters that need a newer torch
+    raise ImportError(
+        f"The ONNX export needs transformers' exporters (transformers>=5.25, torch>=2.11): {err}. "
+        "pip install -U 'hf-transformer[onnx]'"
     ) from err
 
 __all__ = ["to_onnx"]

@@ -5,8 +5,6 @@ steps aside under `torch.compile`, whose graphs cannot hold data-dependent shape
 Saved model folders carry this file with their remote code (the modeling file imports it relatively).
 """
 
-import copy
-
 import torch
 import torch.nn.functional as F
 
@@ -60,8 +58,8 @@ class PackedMask:
 
     def with_mask(self, mask: torch.Tensor | None) -> "PackedMask":
         """The same packing of the queries with another mask (the encoder-decoder attention's)."""
-        other = copy.copy(self)
-        other.mask = mask
+        other = PackedMask(None, mask)  # not copy.copy, which torch.compile before torch 2.12 does not trace
+        other.index, other.shape = self.index, self.shape
         return other
 
     def pack(self, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,8 @@ torch: several seconds, for a text that changes only with this package and Light
 prints the kept text; `python -m lightning_modules.cli.help` writes it again from the parser (a test checks that the
 kept text is the parser's)."""
 
+import importlib.metadata
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +17,9 @@ FOLDER = Path(__file__).with_name("help")
 HERE = str(Path(__file__).parent)
 PLACEHOLDER = "<lightning_modules/cli>"
 COLUMNS = 80  # a terminal's default, and what fits the column of the documentation site
+# The libraries whose options (the Trainer's, the loggers') and wording the help prints: another release of one of them
+# prints another text.
+HELP_LIBRARIES = ("lightning", "jsonargparse")
 
 
 def kept_help(command: str) -> str | None:
@@ -42,11 +47,23 @@ def parser_help(command: str) -> str:
     return result.stdout.rstrip() + "\n"
 
 
+def parser_versions() -> dict[str, str]:
+    """The releases of the libraries whose options and wording the trainer commands' help prints."""
+    return {name: importlib.metadata.version(name) for name in HELP_LIBRARIES}
+
+
+def kept_versions() -> dict[str, str] | None:
+    """The releases `parser_versions` gave when the kept help was written; None where they were not recorded."""
+    path = FOLDER / "versions.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
 def write_kept_help() -> None:
-    """Write the kept `--help` of fit, validate and test from the parser."""
+    """Write the kept `--help` of fit, validate and test from the parser, with the releases it was written under."""
     FOLDER.mkdir(exist_ok=True)
     for command in ("fit", "validate", "test"):
         (FOLDER / f"{command}.txt").write_text(parser_help(command).replace(HERE, PLACEHOLDER), encoding="utf-8")
+    (FOLDER / "versions.json").write_text(json.dumps(parser_versions(), indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
