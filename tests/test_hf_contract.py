@@ -219,7 +219,7 @@ def test_upstream_tests_draw_the_same_inputs_in_every_run():
 
 
 # torch 2.8 and 2.9 compile generate()'s forward a second time, the guard on the static cache's key tensor failing
-# (`___check_obj_id`), under transformers 5.23 and 5.25 alike; from 2.10 on these two pass (.ci/floors).
+# (`___check_obj_id`), under transformers 5.23 and 5.25 alike; on 2.10, 2.11, 2.12 and 2.13 these two pass.
 RECOMPILES_BEFORE_2_10 = pytest.mark.skipif(
     torch.__version__ < "2.10", reason="torch < 2.10 recompiles the compiled forward once (a static cache guard)"
 )

@@ -361,6 +361,19 @@ def test_translate_command_with_nothing_to_score_says_so_in_one_line(checkpoint,
     assert err.startswith("hf-transformer translate: error:")
 
 
+def test_the_onnx_export_names_the_releases_it_needs_when_transformers_has_no_exporters():
+    """With the onnx extra's runtimes installed but transformers' exporters missing (a transformers older than the
+    extra asks for), the import says to upgrade the extra, not to install it."""
+    for module in ("onnxruntime", "onnxscript"):
+        pytest.importorskip(module, reason="the ONNX export needs the onnx extra: pip install 'hf-transformer[onnx]'")
+    code = "import sys; sys.modules['transformers.exporters'] = None; import hf_transformer.export.onnx"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("ImportError: The ONNX export needs transformers' exporters"), message
+    assert "pip install -U 'hf-transformer[onnx]'" in message
+
+
 @pytest.mark.slow
 def test_an_onnx_export_is_refused_saying_how_it_runs(checkpoint, tmp_path, capsys):
     """An ONNX folder has the model's config and tokenizer but no weights: it failed as "no model folder", telling

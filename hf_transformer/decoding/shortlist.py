@@ -202,14 +202,14 @@ def build_shortlist(
         )
     # `keys`: the pairs of tokens that occur together, each once (the support of t(target | source)), sorted; each
     # occurrence is counted under its key's index in them (`IndexedOccurrences`).
-    keys, first = torch.empty(0, dtype=torch.long), None
+    keys, first_chunk = torch.empty(0, dtype=torch.long), None
     for number, (chunk_keys, target_positions) in enumerate(occurrence_chunks(pairs, vocab_size)):
         distinct, index = chunk_keys.unique(return_inverse=True)
         keys = torch.cat([keys, distinct]).unique()
-        first = (index, target_positions) if number == 0 else None  # keys == distinct while there is one chunk
+        first_chunk = (index, target_positions) if number == 0 else None  # keys == distinct while there is one chunk
     if not len(keys):
         raise ConfigError("a shortlist is learnt from parallel text, and no pair with tokens on both sides was given")
-    occurrences = IndexedOccurrences(pairs, vocab_size, keys, first)
+    occurrences = IndexedOccurrences(pairs, vocab_size, keys, first_chunk)
     source_of = keys // vocab_size
     probabilities = torch.ones(len(keys), dtype=torch.float64)  # uniform over each source token's co-occurrences
     for _ in range(iterations):

@@ -34,8 +34,8 @@ try:
     from transformers.exporters import ExportedModel, OnnxConfig, OnnxExporter
 except ImportError as err:  # a transformers before 5.23, or exporters that need a newer torch
     raise ImportError(
-        f"The ONNX export needs transformers' exporters (transformers>=5.25, torch>=2.11): {err}. "
-        "pip install -U 'hf-transformer[onnx]'"
+        f"The ONNX export needs transformers' exporters at the transformers and torch releases the onnx extra asks "
+        f"for ({err}): pip install -U 'hf-transformer[onnx]'"
     ) from err
 
 __all__ = ["to_onnx"]
